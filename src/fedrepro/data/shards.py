@@ -1,0 +1,215 @@
+"""Parquet client shards: one file per client plus a manifest with checksums.
+
+Layout of a partition directory `results/shards/<dataset>/<partition_id>/`:
+  client_00000.parquet ...  one file per client, one row per sample, columns
+      index (int64, row in the source dataset), label (int64), split (int8: 0 train,
+      1 test, 2 val), x (fixed_size_binary: the sample's raw bytes; shape and dtype in
+      the schema metadata), group_<name> (optional per-sample ids)
+  manifest.json             the resolved spec, the source fingerprint, per-client sizes
+                            and class counts, and the sha256 of every shard
+
+The partition id is a short hash of the spec (dataset, its params, partitioner, params,
+clients, split, seed), so partitions of one dataset coexist and an unchanged one is
+never recomputed. The directory is built under a temporary name and renamed into place,
+so a crash never leaves something that looks complete.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from .. import __version__
+from ..io import read_json, sha256_file, short_hash, write_json_atomic
+from ..registry import ConfigError, resolve_params
+from .base import RawDataset
+from .partitioners import PARTITIONERS, split_client
+
+SPLITS = ("train", "test", "val")
+FORMAT = "fedrepro.shards/1"
+MANIFEST = "manifest.json"
+
+
+class ShardChecksumError(RuntimeError):
+    """A shard's bytes do not match the sha256 its manifest recorded."""
+
+
+def resolve_partition_spec(spec: dict[str, Any]) -> dict[str, Any]:
+    """Fill defaults and check a partition spec; the result is what the id hashes."""
+    spec = dict(spec)
+    where = f"partition of dataset '{spec.get('dataset')}'"
+    name = spec.get("partitioner")
+    entry = PARTITIONERS.entry(name)
+    num_clients = spec.get("num_clients")
+    if not isinstance(num_clients, int) or isinstance(num_clients, bool) or num_clients < 1:
+        raise ConfigError(f"{where}: key 'num_clients' has value {num_clients!r}; allowed: an integer >= 1")
+    split = {"test_fraction": 0.25, "val_fraction": 0.0, "stratify": True, **(spec.get("split") or {})}
+    unknown = sorted(set(split) - {"test_fraction", "val_fraction", "stratify"})
+    if unknown:
+        raise ConfigError(f"{where}: unknown key(s) {unknown} in 'split'; allowed: test_fraction, val_fraction, stratify")
+    for key in ("test_fraction", "val_fraction"):
+        v = split[key]
+        if not isinstance(v, (int, float)) or isinstance(v, bool) or not 0 <= v < 1:
+            raise ConfigError(f"{where}: key 'split.{key}' has value {v!r}; allowed: a number in [0, 1)")
+    if split["test_fraction"] + split["val_fraction"] >= 1:
+        raise ConfigError(f"{where}: keys 'split.test_fraction' + 'split.val_fraction' = "
+                          f"{split['test_fraction'] + split['val_fraction']}; allowed: < 1 (clients need training data)")
+    seed = spec.get("seed", 0)
+    if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
+        raise ConfigError(f"{where}: key 'seed' has value {seed!r}; allowed: an integer >= 0")
+    pool = spec.get("pool", True)
+    if not isinstance(pool, bool):
+        raise ConfigError(f"{where}: key 'pool' has value {pool!r}; allowed: true or false")
+    return {
+        "dataset": spec["dataset"],
+        "dataset_params": dict(spec.get("dataset_params") or {}),
+        "partitioner": name,
+        "params": resolve_params(f"{where}, partitioner '{name}'", entry.params, spec.get("params")),
+        "num_clients": num_clients,
+        "pool": pool,
+        "split": split,
+        "seed": seed,
+    }
+
+
+def partition_id(spec: dict[str, Any]) -> str:
+    return short_hash({"format": FORMAT, **resolve_partition_spec(spec)})
+
+
+def make_partition(raw: RawDataset, spec: dict[str, Any]) -> list[dict[str, np.ndarray]]:
+    """Client -> split -> source row indices, a pure function of (raw data, spec)."""
+    spec = resolve_partition_spec(spec)
+    rng = np.random.RandomState(spec["seed"])
+    pool = np.arange(len(raw.y)) if spec["pool"] else np.where(raw.official_split == 0)[0]
+    fn = PARTITIONERS.get(spec["partitioner"])
+    clients = fn(raw.y[pool], spec["num_clients"], rng, **spec["params"])
+    split = spec["split"]
+    return [split_client(pool[idx], raw.y, rng, split["test_fraction"], split["val_fraction"], split["stratify"]) for idx in clients]
+
+
+def write_partition(raw: RawDataset, spec: dict[str, Any], out_dir: str | os.PathLike) -> dict[str, Any]:
+    """Partition `raw` and write shards + manifest into `out_dir` atomically; return the manifest."""
+    spec = resolve_partition_spec(spec)
+    pid = partition_id(spec)
+    out_dir = Path(out_dir)
+    assignment = make_partition(raw, spec)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp_dir = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
+    try:
+        x2d = np.ascontiguousarray(raw.x).reshape(len(raw.x), -1).view(np.uint8)
+        nbytes = x2d.shape[1]
+        meta = {b"fedrepro.sample_shape": str(list(raw.sample_shape)).encode(), b"fedrepro.dtype": raw.x.dtype.str.encode(),
+                b"fedrepro.partition_id": pid.encode()}
+        clients, files = [], {}
+        for cid, splits in enumerate(assignment):
+            rows = np.concatenate([splits[s] for s in SPLITS])
+            split_code = np.concatenate([np.full(len(splits[s]), i, np.int8) for i, s in enumerate(SPLITS)])
+            columns = {
+                "index": pa.array(rows, pa.int64()),
+                "label": pa.array(raw.y[rows], pa.int64()),
+                "split": pa.array(split_code, pa.int8()),
+                "x": pa.FixedSizeBinaryArray.from_buffers(pa.binary(nbytes), len(rows), [None, pa.py_buffer(x2d[rows].tobytes())]),
+            }
+            for gname, garr in raw.groups.items():
+                columns[f"group_{gname}"] = pa.array(np.asarray(garr)[rows], pa.int64())
+            table = pa.table(columns).replace_schema_metadata({**meta, b"fedrepro.client_id": str(cid).encode()})
+            fname = f"client_{cid:05d}.parquet"
+            pq.write_table(table, tmp_dir / fname, compression="zstd")
+            files[fname] = sha256_file(tmp_dir / fname)
+            clients.append({
+                "id": cid,
+                "file": fname,
+                "sizes": {s: int(len(splits[s])) for s in SPLITS},
+                "class_counts": {s: np.bincount(raw.y[splits[s]], minlength=raw.num_classes).tolist() for s in SPLITS},
+            })
+        manifest = {
+            "format": FORMAT,
+            "fedrepro_version": __version__,
+            "partition_id": pid,
+            "spec": spec,
+            "dataset": spec["dataset"],
+            "partitioner": spec["partitioner"],
+            "params": spec["params"],
+            "num_clients": spec["num_clients"],
+            "seed": spec["seed"],
+            "num_classes": raw.num_classes,
+            "sample_shape": list(raw.sample_shape),
+            "dtype": raw.x.dtype.str,
+            "mean": list(raw.mean),
+            "std": list(raw.std),
+            "source": raw.source,
+            "source_fingerprint": raw.fingerprint(),
+            "clients": clients,
+            "files": files,
+        }
+        write_json_atomic(tmp_dir / MANIFEST, manifest)
+        if out_dir.exists():
+            shutil.rmtree(out_dir)
+        os.replace(tmp_dir, out_dir)
+    except BaseException:
+        shutil.rmtree(tmp_dir, ignore_errors=True)
+        raise
+    return manifest
+
+
+@dataclass
+class ClientShard:
+    """One client's arrays, split by `split` name into (x, y)."""
+
+    id: int
+    x: dict[str, np.ndarray]
+    y: dict[str, np.ndarray]
+
+
+def read_manifest(part_dir: str | os.PathLike) -> dict[str, Any]:
+    path = Path(part_dir) / MANIFEST
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: no partition manifest (was the partition step run?)")
+    return read_json(path)
+
+
+def verify_partition(part_dir: str | os.PathLike, manifest: dict[str, Any] | None = None) -> None:
+    """Raise ShardChecksumError naming the first shard whose sha256 differs from the manifest."""
+    part_dir = Path(part_dir)
+    manifest = manifest or read_manifest(part_dir)
+    for fname, expected in manifest["files"].items():
+        path = part_dir / fname
+        if not path.exists():
+            raise ShardChecksumError(f"{path}: shard listed in the manifest is missing")
+        actual = sha256_file(path)
+        if actual != expected:
+            raise ShardChecksumError(f"{path}: sha256 {actual} does not match the manifest's {expected}; the shard is corrupted or was modified")
+
+
+def read_client(part_dir: str | os.PathLike, manifest: dict[str, Any], cid: int) -> ClientShard:
+    info = manifest["clients"][cid]
+    table = pq.read_table(Path(part_dir) / info["file"])
+    shape = tuple(manifest["sample_shape"])
+    dtype = np.dtype(manifest["dtype"])
+    xcol = table.column("x").combine_chunks()
+    width = xcol.type.byte_width
+    buf = np.frombuffer(xcol.buffers()[1], dtype=np.uint8)[xcol.offset * width : (xcol.offset + len(xcol)) * width]
+    x = buf.view(dtype).reshape((len(xcol),) + shape)
+    y = table.column("label").to_numpy()
+    split = table.column("split").to_numpy()
+    xs, ys = {}, {}
+    for code, name in enumerate(SPLITS):
+        mask = split == code
+        xs[name], ys[name] = x[mask], y[mask]
+    return ClientShard(cid, xs, ys)
+
+
+def load_partition(part_dir: str | os.PathLike, verify: bool = True) -> tuple[dict[str, Any], list[ClientShard]]:
+    """Read the manifest and every client's shard, checking checksums first."""
+    manifest = read_manifest(part_dir)
+    if verify:
+        verify_partition(part_dir, manifest)
+    return manifest, [read_client(part_dir, manifest, c["id"]) for c in manifest["clients"]]

@@ -1,0 +1,1 @@
+"""The training engine: one cell = one run of the federated loop."""

@@ -1,0 +1,76 @@
+"""A cell's client data as tensors on the device, batched by index slices."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..data.shards import ClientShard
+
+
+@dataclass
+class Split:
+    x: torch.Tensor  # float32, normalised, on the device
+    y: torch.Tensor  # int64, on the device
+
+    def __len__(self) -> int:
+        return len(self.y)
+
+
+@dataclass
+class Client:
+    """A client as the engine sees it: its data splits and its persistent state.
+
+    `state` belongs to the method (personal heads, control variates, prototypes, ...);
+    the engine checkpoints it with the run.
+    """
+
+    id: int
+    train: Split
+    test: Split
+    val: Split
+    state: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def num_train(self) -> int:
+        return len(self.train)
+
+
+def to_split(x: np.ndarray, y: np.ndarray, mean: torch.Tensor, std: torch.Tensor, device: torch.device) -> Split:
+    t = torch.from_numpy(np.ascontiguousarray(x)).to(device)
+    # uint8 images are scaled to [0, 1] first; float features are used as they are.
+    t = t.float().div_(255.0) if t.dtype == torch.uint8 else t.float()
+    shape = (1, -1) + (1,) * (t.dim() - 2)
+    t = (t - mean.view(shape)) / std.view(shape)
+    return Split(t.contiguous(), torch.from_numpy(np.asarray(y, dtype=np.int64)).to(device))
+
+
+def load_clients(manifest: dict, shards: list[ClientShard], device: torch.device) -> list[Client]:
+    mean = torch.tensor(manifest["mean"], dtype=torch.float32, device=device)
+    std = torch.tensor(manifest["std"], dtype=torch.float32, device=device)
+    clients = []
+    for s in shards:
+        splits = {name: to_split(s.x[name], s.y[name], mean, std, device) for name in ("train", "test", "val")}
+        clients.append(Client(s.id, splits["train"], splits["test"], splits["val"]))
+    return clients
+
+
+def _crop_flip(x: torch.Tensor, g: torch.Generator, padding: int = 4) -> torch.Tensor:
+    """Random crop with zero padding + horizontal flip, for a whole batch on the device."""
+    n, _, h, w = x.shape
+    padded = torch.nn.functional.pad(x, (padding,) * 4)
+    dx = torch.randint(0, 2 * padding + 1, (n,), generator=g, device="cpu").tolist()
+    dy = torch.randint(0, 2 * padding + 1, (n,), generator=g, device="cpu").tolist()
+    out = torch.stack([padded[i, :, dy[i] : dy[i] + h, dx[i] : dx[i] + w] for i in range(n)])
+    flip = torch.rand(n, generator=g, device="cpu") < 0.5
+    out[flip.to(x.device)] = out[flip.to(x.device)].flip(-1)
+    return out
+
+
+AUGMENTATIONS = {
+    "none": None,
+    "crop_flip": _crop_flip,
+}

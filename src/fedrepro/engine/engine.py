@@ -1,0 +1,434 @@
+"""The federated loop, shared by every method.
+
+One `Engine` runs one cell. It owns the model object (reused for every client, with
+parameters copied in and out), the client data tensors on the device, the client
+sampling sequence (a function of the seed only, identical for every method), the
+learning-rate schedule, evaluation every k rounds, checkpoints and bookkeeping.
+Randomness is drawn from seeds derived from (seed, purpose, round, client), never from
+one running stream, so a run resumed from a checkpoint ends exactly where an
+uninterrupted run ends.
+"""
+
+from __future__ import annotations
+
+import math
+import resource
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from ..io import atomic_path, derive_seed, short_hash
+from ..metrics import STATS, accuracy, macro_f1, summarize
+from ..methods import METHODS, Method, payload_bytes, select
+from ..models import SplitModel, build_model
+from .data import AUGMENTATIONS, Client, Split
+
+OPTIMIZERS: dict[str, Callable[..., torch.optim.Optimizer]] = {
+    "sgd": lambda params, lr, momentum, weight_decay: torch.optim.SGD(params, lr=lr, momentum=momentum, weight_decay=weight_decay),
+    "adam": lambda params, lr, momentum, weight_decay: torch.optim.Adam(params, lr=lr, weight_decay=weight_decay),
+    "adamw": lambda params, lr, momentum, weight_decay: torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay),
+}
+
+
+class TrainingDiverged(RuntimeError):
+    def __init__(self, reason: str, round: int):
+        super().__init__(reason)
+        self.reason, self.round = reason, round
+
+
+@dataclass
+class Batch:
+    x: torch.Tensor
+    y: torch.Tensor
+    features: torch.Tensor
+    logits: torch.Tensor
+
+
+@dataclass
+class FitResult:
+    loss: float  # mean training loss over the samples seen
+    steps: int
+
+
+def lr_at(schedule: dict[str, Any], base_lr: float, round: int) -> float:
+    """Learning rate of a (1-based) round: constant, multistep (gamma or explicit values) or cosine."""
+    name = schedule["name"]
+    if name == "constant":
+        return base_lr
+    if name == "multistep":
+        passed = sum(round > m for m in schedule["milestones"])
+        if schedule.get("values"):
+            return schedule["values"][passed]
+        return base_lr * schedule["gamma"] ** passed
+    if name == "cosine":
+        total = schedule["total_rounds"]
+        return schedule["min_lr"] + 0.5 * (base_lr - schedule["min_lr"]) * (1 + math.cos(math.pi * (round - 1) / max(1, total)))
+    raise ValueError(f"unknown lr schedule {name!r}")
+
+
+def sampling_schedule(num_clients: int, participation: float | int, rounds: int, seed: int) -> list[list[int]]:
+    """The clients of every round, drawn once from the seed: the same for every method."""
+    m = participation if isinstance(participation, int) and not isinstance(participation, bool) and participation >= 1 and not isinstance(participation, float) else max(1, int(round(participation * num_clients)))
+    m = min(m, num_clients)
+    rng = np.random.default_rng(derive_seed(seed, "client-sampling"))
+    return [sorted(rng.choice(num_clients, size=m, replace=False).tolist()) for _ in range(rounds)]
+
+
+class Engine:
+    def __init__(self, cell: dict[str, Any], manifest: dict[str, Any], clients: list[Client], device: torch.device,
+                 checkpoint: Path | None = None, progress: bool = True):
+        self.cell = cell
+        self.training = cell["training"]
+        self.seed = int(cell["seed"])
+        self.device = device
+        self.clients = clients
+        self.manifest = manifest
+        self.num_classes = int(manifest["num_classes"])
+        self.checkpoint_path = checkpoint
+        self.progress = progress
+        self.round = 0
+        self._stream = 0
+        torch.manual_seed(derive_seed(self.seed, "model-init"))
+        self.model: SplitModel = build_model(cell["model"]["name"], manifest["sample_shape"], self.num_classes, cell["model"].get("params")).to(device)
+        self.augment = AUGMENTATIONS[self.training["augment"]]
+        entry = METHODS.entry(cell["method"])
+        self.method: Method = entry.obj(self, dict(cell["hparams"]))
+        self.schedule = sampling_schedule(len(clients), self.training["participation"], self.training["rounds"], self.seed)
+
+    # -- parameters -------------------------------------------------------------------
+    def get_params(self, prefixes: Iterable[str] = ("",)) -> dict[str, torch.Tensor]:
+        """A copy of the model's parameters and buffers whose names start with `prefixes`."""
+        return {k: v.detach().clone() for k, v in select(self.model.state_dict(), prefixes).items()}
+
+    def set_params(self, params: dict[str, torch.Tensor]) -> None:
+        """Copy `params` into the one model object (names not given are left as they are)."""
+        state = self.model.state_dict()
+        with torch.no_grad():
+            for k, v in params.items():
+                state[k].copy_(v)
+
+    @property
+    def lr(self) -> float:
+        opt = self.training["optimizer"]
+        return lr_at(self.training["lr_schedule"], opt["lr"], max(self.round, 1))
+
+    def generator(self, *keys: int | str) -> torch.Generator:
+        return torch.Generator().manual_seed(derive_seed(self.seed, *keys))
+
+    # -- local training -------------------------------------------------------------------
+    def fit(
+        self,
+        client: Client,
+        *,
+        epochs: int | None = None,
+        trainable: Iterable[str] = ("",),
+        lr: float | None = None,
+        batch_size: int | None = None,
+        split: str = "train",
+        loss_fn: Callable[[Batch], torch.Tensor] | None = None,
+        before_step: Callable[[SplitModel], None] | None = None,
+    ) -> FitResult:
+        """Train the model object in place on one client's split with a fresh optimizer.
+
+        Only parameters whose names start with `trainable` are updated (the rest are
+        frozen: FedRep, FedBABU, ...). `loss_fn(batch)` replaces cross-entropy (e.g. to add
+        a proximal or contrastive term); `before_step(model)` may edit gradients (SCAFFOLD).
+        """
+        t = self.training
+        epochs = t["local_epochs"] if epochs is None else epochs
+        batch_size = batch_size or t["batch_size"]
+        data: Split = getattr(client, split)
+        n = len(data)
+        trainable = tuple(trainable)
+        named = list(self.model.named_parameters())
+        params = [p for name, p in named if name.startswith(trainable)]
+        frozen = [p for name, p in named if not name.startswith(trainable)]
+        for p in frozen:
+            p.requires_grad_(False)
+        opt_cfg = t["optimizer"]
+        opt = OPTIMIZERS[opt_cfg["name"]](params, self.lr if lr is None else lr, opt_cfg["momentum"], opt_cfg["weight_decay"])
+        g = self.generator("batches", self.round, client.id, self._stream)
+        self._stream += 1
+        model = self.model
+        model.train()
+        total = torch.zeros((), device=self.device)
+        seen, steps = 0, 0
+        stop = n - n % batch_size if t["drop_last"] and n >= batch_size else n
+        try:
+            for _ in range(epochs):
+                perm = torch.randperm(n, generator=g).to(self.device)
+                for start in range(0, stop, batch_size):
+                    idx = perm[start : start + batch_size]
+                    x, y = data.x[idx], data.y[idx]
+                    if self.augment is not None:
+                        x = self.augment(x, g)
+                    feats = model.extractor(x)
+                    logits = model.head(feats)
+                    loss = F.cross_entropy(logits, y) if loss_fn is None else loss_fn(Batch(x, y, feats, logits))
+                    opt.zero_grad(set_to_none=True)
+                    loss.backward()
+                    if before_step is not None:
+                        before_step(model)
+                    opt.step()
+                    total += loss.detach() * len(y)
+                    seen += len(y)
+                    steps += 1
+        finally:
+            for p in frozen:
+                p.requires_grad_(True)
+        return FitResult(float(total) / max(seen, 1), steps)
+
+    @torch.no_grad()
+    def features(self, x: torch.Tensor) -> torch.Tensor:
+        """Representations of `x` from the model object in eval mode, in chunks."""
+        self.model.eval()
+        bs = self.training["eval_batch_size"]
+        return torch.cat([self.model.extractor(x[i : i + bs]) for i in range(0, len(x), bs)]) if len(x) else x.new_zeros((0, self.model.feature_dim))
+
+    def finetune_head(self, params: dict[str, torch.Tensor], client: Client, *, epochs: int, lr: float, batch_size: int,
+                      momentum: float = 0.0) -> dict[str, torch.Tensor]:
+        """Fine-tune the head of `params` on the client's frozen train features; return the head.
+
+        The features are computed once (extractor frozen, eval mode), so this costs one
+        forward pass plus the head's own steps. Uses its own random stream, so evaluating
+        never changes training.
+        """
+        self.set_params(params)
+        feats, y = self.features(client.train.x), client.train.y
+        head = self.model.head
+        head.train()
+        opt = torch.optim.SGD(head.parameters(), lr=lr, momentum=momentum)
+        g = self.generator("finetune", self.round, client.id)
+        n = len(y)
+        for _ in range(epochs):
+            perm = torch.randperm(n, generator=g).to(self.device)
+            for start in range(0, n, batch_size):
+                idx = perm[start : start + batch_size]
+                loss = F.cross_entropy(head(feats[idx]), y[idx])
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                opt.step()
+        return self.get_params(("head.",))
+
+    @torch.no_grad()
+    def predict(self, params: dict[str, torch.Tensor], x: torch.Tensor) -> np.ndarray:
+        self.set_params(params)
+        self.model.eval()
+        bs = self.training["eval_batch_size"]
+        out = [self.model(x[i : i + bs]).argmax(1) for i in range(0, len(x), bs)]
+        return torch.cat(out).cpu().numpy() if out else np.zeros(0, dtype=np.int64)
+
+    # -- evaluation -----------------------------------------------------------------------
+    def _scores(self, y: torch.Tensor, pred: np.ndarray) -> tuple[float, float]:
+        yt = y.cpu().numpy()
+        return accuracy(yt, pred), macro_f1(yt, pred)
+
+    def evaluate(self) -> dict[str, Any]:
+        """Per-client accuracy and macro-F1 of the global and personalized models on each
+        client's own test split (and validation split, where there is one)."""
+        splits = ["test"] + (["val"] if any(len(c.val) for c in self.clients) else [])
+        record: dict[str, Any] = {"round": self.round}
+        method = self.method
+        global_params = method.global_params() if method.has_global else None
+        for split in splits:
+            if global_params is not None:
+                xs = torch.cat([getattr(c, split).x for c in self.clients])
+                pred = self.predict(global_params, xs)
+                bounds = np.cumsum([0] + [len(getattr(c, split)) for c in self.clients])
+                scores = [self._scores(getattr(c, split).y, pred[a:b]) for c, a, b in zip(self.clients, bounds[:-1], bounds[1:])]
+                record[f"{split}/global"] = {"acc": [s[0] for s in scores], "f1": [s[1] for s in scores]}
+        if method.has_personal:
+            per = {s: [] for s in splits}
+            for c in self.clients:
+                params = method.personal_params(c)
+                for split in splits:
+                    data = getattr(c, split)
+                    per[split].append(self._scores(data.y, self.predict(params, data.x)))
+            for split in splits:
+                record[f"{split}/personal"] = {"acc": [s[0] for s in per[split]], "f1": [s[1] for s in per[split]]}
+        return record
+
+    # -- checkpoints ------------------------------------------------------------------------
+    def cell_key(self) -> str:
+        return short_hash({k: v for k, v in self.cell.items() if k not in ("training_runtime",)})
+
+    def save_checkpoint(self, history: list, comm: dict) -> None:
+        if self.checkpoint_path is None:
+            return
+        state = {"cell_key": self.cell_key(), "round": self.round, "server": self.method.server,
+                 "clients": {c.id: c.state for c in self.clients}, "history": history, "comm": comm}
+        with atomic_path(self.checkpoint_path) as tmp:
+            torch.save(state, tmp)
+
+    def load_checkpoint(self) -> tuple[int, list, dict] | None:
+        path = self.checkpoint_path
+        if path is None or not path.exists():
+            return None
+        state = torch.load(path, map_location=self.device, weights_only=True)
+        if state.get("cell_key") != self.cell_key():
+            print(f"[fedrepro] ignoring checkpoint {path}: it belongs to another configuration", file=sys.stderr)
+            return None
+        self.method.server = state["server"]
+        for c in self.clients:
+            c.state = state["clients"].get(c.id, {})
+        return state["round"], state["history"], state["comm"]
+
+    # -- the loop ------------------------------------------------------------------------------
+    def run(self) -> dict[str, Any]:
+        t = self.training
+        rounds = t["rounds"]
+        t0 = time.perf_counter()
+        train_time = eval_time = 0.0
+        self.method.setup()
+        history: list[dict] = []
+        comm = {"up": [], "down": []}
+        start = 1
+        resumed = self.load_checkpoint()
+        if resumed is not None:
+            done, history, comm = resumed
+            start = done + 1
+            print(f"[fedrepro] resuming from the checkpoint after round {done}", file=sys.stderr)
+        bar = _progress(rounds, start - 1, self.progress)
+        for r in range(start, rounds + 1):
+            self.round = r
+            t1 = time.perf_counter()
+            updates, up, down = [], 0, 0
+            for cid in self.schedule[r - 1]:
+                client = self.clients[cid]
+                payload = self.method.broadcast(client)
+                down += payload_bytes(payload)
+                self._stream = 0
+                torch.manual_seed(derive_seed(self.seed, "local-update", r, cid))
+                update = self.method.local_update(client, payload)
+                if not math.isfinite(update.loss):
+                    raise TrainingDiverged(f"training loss of client {cid} is {update.loss} in round {r} (diverged)", r)
+                up += payload_bytes(update.params) + payload_bytes(update.extras)
+                updates.append(update)
+            self.method.aggregate(updates)
+            comm["up"].append(up)
+            comm["down"].append(down)
+            n = sum(u.num_samples for u in updates)
+            train_loss = sum(u.loss * u.num_samples for u in updates) / max(n, 1)
+            t2 = time.perf_counter()
+            train_time += t2 - t1
+            if r % t["eval_every"] == 0 or r == rounds:
+                record = self.evaluate()
+                record["train_loss"] = train_loss
+                history.append(record)
+                eval_time += time.perf_counter() - t2
+                bar.update(r, _headline(record), train_loss)
+            else:
+                bar.update(r, None, train_loss)
+            if r % t["checkpoint_every"] == 0 and r < rounds:
+                self.save_checkpoint(history, comm)
+        bar.close()
+        resources = {
+            "wall_time_s": time.perf_counter() - t0,
+            "train_time_s": train_time,
+            "eval_time_s": eval_time,
+            "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+            "peak_gpu_mb": torch.cuda.max_memory_allocated() / 2**20 if self.device.type == "cuda" else None,
+            "device": str(self.device),
+            "resumed_from_round": start - 1,
+        }
+        return build_metrics(self.cell, self.clients, history, comm, resources)
+
+
+def _headline(record: dict) -> str:
+    parts = []
+    for kind in ("global", "personal"):
+        if f"test/{kind}" in record:
+            acc = np.nanmean(record[f"test/{kind}"]["acc"])
+            parts.append(f"{kind} acc {acc:.4f}")
+    return ", ".join(parts)
+
+
+class _progress:
+    """Round progress with the current accuracy: a tqdm bar on a terminal, one line per
+    round in a log file (Snakemake logs are files)."""
+
+    def __init__(self, total: int, initial: int, enabled: bool):
+        self.total, self.enabled, self.last = total, enabled, ""
+        self.bar = None
+        if enabled and sys.stderr.isatty():
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total, initial=initial, desc="rounds", file=sys.stderr)
+
+    def update(self, r: int, headline: str | None, loss: float) -> None:
+        if not self.enabled:
+            return
+        if headline:
+            self.last = headline
+        text = f"loss {loss:.4f}" + (f", {self.last}" if self.last else "")
+        if self.bar is not None:
+            self.bar.set_postfix_str(text, refresh=False)
+            self.bar.update(1)
+        else:
+            print(f"[fedrepro] round {r}/{self.total}: {text}", file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def _clean(values: list[float]) -> list[float | None]:
+    return [None if (isinstance(v, float) and math.isnan(v)) else v for v in values]
+
+
+def _clean_stats(stats: dict[str, float]) -> dict[str, float | None]:
+    return {k: (None if math.isnan(v) else v) for k, v in stats.items()}
+
+
+def summaries(record: dict, split: str, weights: list[int]) -> dict[str, dict[str, float]]:
+    out = {}
+    for kind in ("global", "personal"):
+        key = f"{split}/{kind}"
+        if key in record:
+            for metric in ("acc", "f1"):
+                out[f"{kind}_{metric}"] = summarize(record[key][metric], weights)
+    return out
+
+
+def build_metrics(cell: dict, clients: list[Client], history: list[dict], comm: dict, resources: dict) -> dict[str, Any]:
+    """metrics.json: the last round's per-client scores and aggregates (never the best
+    round on test data), curves every k rounds, best-on-validation as an extra."""
+    test_sizes = [len(c.test) for c in clients]
+    val_sizes = [len(c.val) for c in clients]
+    last = history[-1]
+    final = {kind: ({m: _clean(last[f"test/{kind}"][m]) for m in ("acc", "f1")} if f"test/{kind}" in last else None)
+             for kind in ("global", "personal")}
+    summary = {k: _clean_stats(v) for k, v in summaries(last, "test", test_sizes).items()}
+    curves: dict[str, Any] = {"round": [h["round"] for h in history], "train_loss": [h["train_loss"] for h in history]}
+    for name in summary:
+        curves[name] = {s: _clean([summaries(h, "test", test_sizes)[name][s] for h in history]) for s in STATS}
+    best_val = None
+    if any(val_sizes) and "val/global" in last or "val/personal" in last:
+        kind = "personal" if "val/personal" in last else "global"
+        val_acc = [summarize(h[f"val/{kind}"]["acc"], val_sizes)["weighted_mean"] for h in history]
+        best = int(np.nanargmax(val_acc))
+        best_val = {"round": history[best]["round"], "selected_by": f"val {kind} acc weighted_mean",
+                    "summary": {k: _clean_stats(v) for k, v in summaries(history[best], "test", test_sizes).items()}}
+    return {
+        "schema": "fedrepro.metrics/1",
+        "cell": {k: cell[k] for k in ("experiment", "dataset", "partition", "partition_id", "method", "label", "seed")}
+                | {"model": cell["model"]["name"]},
+        "status": "ok",
+        "failure": None,
+        "rounds": history[-1]["round"],
+        "clients": {"ids": [c.id for c in clients], "train_size": [len(c.train) for c in clients],
+                    "test_size": test_sizes, "val_size": val_sizes},
+        "final": final,
+        "summary": summary,
+        "best_val": best_val,
+        "curves": curves,
+        "communication": {"bytes_up_per_round": comm["up"], "bytes_down_per_round": comm["down"],
+                          "bytes_up_total": int(sum(comm["up"])), "bytes_down_total": int(sum(comm["down"]))},
+        "resources": resources,
+    }

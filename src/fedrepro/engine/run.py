@@ -1,0 +1,69 @@
+"""Run one training cell end to end: shards -> engine -> metrics.json + provenance.json."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..data.shards import load_partition
+from ..io import write_json_atomic
+from ..provenance import collect
+from .data import load_clients
+from .engine import Engine, TrainingDiverged
+
+
+def pick_device(name: str = "auto") -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def set_determinism(deterministic: bool) -> dict[str, Any]:
+    # Must precede CUDA initialisation for older torch; harmless elsewhere.
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.backends.cudnn.benchmark = False
+    torch.use_deterministic_algorithms(deterministic, warn_only=True)
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    return {"use_deterministic_algorithms": deterministic, "cudnn_benchmark": False, "tf32": False}
+
+
+def failed_metrics(cell: dict, reason: str, round: int | None) -> dict[str, Any]:
+    return {
+        "schema": "fedrepro.metrics/1",
+        "cell": {k: cell[k] for k in ("experiment", "dataset", "partition", "partition_id", "method", "label", "seed")}
+                | {"model": cell["model"]["name"]},
+        "status": "failed",
+        "failure": {"reason": reason, "round": round},
+    }
+
+
+def train_cell(cell: dict, shards_dir: str | Path, out_dir: str | Path, checkpoint: str | Path | None = None,
+               device: str = "auto", threads: int | None = None, progress: bool = True) -> dict[str, Any]:
+    """Train `cell` on the partition in `shards_dir`; write metrics.json and provenance.json."""
+    out_dir = Path(out_dir)
+    if threads:
+        torch.set_num_threads(threads)
+    determinism = set_determinism(cell["training"]["deterministic"])
+    dev = pick_device(device)
+    manifest, shards = load_partition(shards_dir)  # refuses shards whose sha256 differs
+    if manifest["partition_id"] != cell["partition_id"]:
+        raise ValueError(f"{shards_dir}: partition {manifest['partition_id']} is not the cell's partition {cell['partition_id']}")
+    clients = load_clients(manifest, shards, dev)
+    label = f"{cell['experiment']}/{cell['dataset']}/{cell['partition']}/{cell['label']}/seed{cell['seed']}"
+    print(f"[fedrepro] training cell {label} on {dev} ({len(clients)} clients, {cell['training']['rounds']} rounds)", file=sys.stderr)
+    engine = Engine(cell, manifest, clients, dev, Path(checkpoint) if checkpoint else None, progress=progress)
+    try:
+        metrics = engine.run()
+    except TrainingDiverged as exc:
+        print(f"[fedrepro] cell {label} FAILED: {exc.reason}", file=sys.stderr)
+        metrics = failed_metrics(cell, exc.reason, exc.round)
+    write_json_atomic(out_dir / "provenance.json", collect(cell, manifest, dev, determinism))
+    write_json_atomic(out_dir / "metrics.json", metrics)
+    if checkpoint and Path(checkpoint).exists():
+        Path(checkpoint).unlink()
+    return metrics

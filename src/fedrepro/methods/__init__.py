@@ -1,0 +1,31 @@
+"""Method registry: every module in this package registers one method.
+
+Adding a method = adding one file here with a `Method` subclass decorated by
+`@register`; nothing else changes.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+
+from ..registry import Registry
+from .base import Method, Update, payload_bytes, select, weighted_average
+
+METHODS: Registry = Registry("method")
+
+
+def register(cls: type[Method]) -> type[Method]:
+    METHODS.add(cls.name, cls, cls.summary, cls.hparams, paper=cls.paper)
+    return cls
+
+
+def _discover() -> None:
+    for mod in pkgutil.iter_modules(__path__):
+        if not mod.name.startswith("_") and mod.name != "base":
+            importlib.import_module(f"{__name__}.{mod.name}")
+
+
+_discover()
+
+__all__ = ["METHODS", "Method", "Update", "payload_bytes", "register", "select", "weighted_average"]

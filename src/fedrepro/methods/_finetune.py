@@ -1,0 +1,45 @@
+"""The fine-tuning wrapper: any global-model method + per-client head fine-tuning.
+
+`with_head_finetuning(Base)` returns a subclass whose personalized model is the
+method's global model with its head fine-tuned on the client's train split, the
+extractor frozen (a linear probe on frozen features when the head is linear). Used by
+fedavg_ft and, later, fedprox_ft and scaffold_ft: one helper, no copies.
+Defaults follow Calibre's personalization recipe for FedAvg-FT / SCAFFOLD-FT
+(../shared/reference/methods.md §6: 10 epochs, SGD lr 0.05, batch 32; momentum 0.9 is
+[RECON] from the paper-era Calibre config, methods.md §2.5).
+"""
+
+from __future__ import annotations
+
+from ..registry import Param
+from .base import Method
+
+FINETUNE_HPARAMS = {
+    "ft_epochs": Param(10, "head fine-tuning epochs on the client's train split (Calibre recipe)", int, minimum=0),
+    "ft_lr": Param(0.05, "fine-tuning SGD learning rate (Calibre recipe)", float, exclusive_minimum=0),
+    "ft_batch_size": Param(32, "fine-tuning batch size (Calibre recipe)", int, minimum=1),
+    "ft_momentum": Param(0.9, "fine-tuning SGD momentum; [RECON] from Calibre's paper-era config (methods.md §2.5)", float, minimum=0),
+}
+
+
+def with_head_finetuning(base: type[Method], name: str, summary: str, paper: str) -> type[Method]:
+    """A subclass of `base` named `name` whose personalized model is a fine-tuned head."""
+
+    def personal_params(self, client):
+        global_params = self.global_params()
+        head = self.engine.finetune_head(
+            global_params, client, epochs=self.hp["ft_epochs"], lr=self.hp["ft_lr"],
+            batch_size=self.hp["ft_batch_size"], momentum=self.hp["ft_momentum"],
+        )
+        return {**global_params, **head}
+
+    return type(base.__name__ + "FT", (base,), {
+        "name": name,
+        "summary": summary,
+        "paper": paper,
+        "hparams": {**base.hparams, **FINETUNE_HPARAMS},
+        "has_personal": True,
+        "personal_params": personal_params,
+        "__doc__": f"{base.__name__} followed by per-client head fine-tuning.",
+        "__module__": base.__module__,
+    })

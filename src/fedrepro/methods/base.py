@@ -1,0 +1,122 @@
+"""The method API: what a federated method supplies to the engine.
+
+The engine owns the loop (rounds, client sampling, evaluation, checkpoints,
+bookkeeping). A method is one small class that says, like a paper's algorithm box:
+
+* `hparams`         its hyper-parameters with defaults (and their citation),
+* `shared`          which parameter prefixes travel ("extractor.", "head.", "" = all),
+* `setup()`         its server state (`self.server`, checkpointed by the engine),
+* `broadcast()`     what the server sends a sampled client,
+* `local_update()`  the client's training, returning an `Update` (the upload),
+* `aggregate()`     how the server folds the round's updates into its state,
+* `global_params()` / `personal_params()` which models are evaluated.
+
+Per-client persistent state lives in `client.state` (checkpointed too), so personal
+heads, control variates, discriminators or prototypes need no engine change. The
+engine's tools (`self.engine.fit`, `get_params`, `set_params`, `features`, ...) train the
+one shared model object with parameters swapped in.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar, Iterable
+
+import torch
+
+from ..registry import Param
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..engine.data import Client
+    from ..engine.engine import Engine
+
+Params = dict[str, torch.Tensor]
+
+
+@dataclass
+class Update:
+    """What one client uploads after its local update."""
+
+    client_id: int
+    num_samples: int
+    params: Params = field(default_factory=dict)
+    extras: dict[str, Any] = field(default_factory=dict)  # prototypes, control-variate deltas, losses, ...
+    loss: float = float("nan")
+
+
+class Method:
+    name: ClassVar[str] = ""
+    summary: ClassVar[str] = ""
+    paper: ClassVar[str] = ""
+    hparams: ClassVar[dict[str, Param]] = {}
+    shared: ClassVar[tuple[str, ...]] = ("",)  # parameter-name prefixes that are communicated
+    has_global: ClassVar[bool] = True  # evaluate a global model
+    has_personal: ClassVar[bool] = False  # evaluate a personalized model per client
+
+    def __init__(self, engine: "Engine", hp: dict[str, Any]):
+        self.engine = engine
+        self.hp = hp
+        self.server: dict[str, Any] = {}
+
+    # -- server ---------------------------------------------------------------------
+    def setup(self) -> None:
+        """Initial server state: the global model starts from the seeded initialisation."""
+        self.server["global"] = self.engine.get_params()
+
+    def broadcast(self, client: "Client") -> Params:
+        return select(self.server["global"], self.shared)
+
+    def aggregate(self, updates: list[Update]) -> None:
+        self.server["global"] = {**self.server["global"], **weighted_average(updates)}
+
+    # -- client ---------------------------------------------------------------------
+    def local_update(self, client: "Client", payload: Params) -> Update:
+        raise NotImplementedError
+
+    # -- evaluation -------------------------------------------------------------------
+    def global_params(self) -> Params | None:
+        return self.server.get("global") if self.has_global else None
+
+    def personal_params(self, client: "Client") -> Params | None:
+        return None
+
+
+def select(params: Params, prefixes: Iterable[str]) -> Params:
+    """The entries of `params` whose names start with one of `prefixes` ("" selects all)."""
+    prefixes = tuple(prefixes)
+    return {k: v for k, v in params.items() if k.startswith(prefixes)} if prefixes else {}
+
+
+def weighted_average(updates: list[Update], key: str = "params") -> Params:
+    """FedAvg: sum_i (n_i / sum_j n_j) * theta_i over the updates' tensors.
+
+    Integer buffers (BatchNorm's num_batches_tracked) cannot be averaged; the maximum is kept.
+    """
+    if not updates:
+        return {}
+    total = float(sum(u.num_samples for u in updates))
+    first = getattr(updates[0], key) if key == "params" else updates[0].extras[key]
+    out: Params = {}
+    for name, ref in first.items():
+        tensors = [(getattr(u, key) if key == "params" else u.extras[key])[name] for u in updates]
+        if ref.is_floating_point():
+            acc = torch.zeros_like(ref)
+            for u, t in zip(updates, tensors):
+                acc.add_(t, alpha=u.num_samples / total)
+            out[name] = acc
+        else:
+            out[name] = torch.stack(tensors).max(0).values
+    return out
+
+
+def payload_bytes(obj: Any) -> int:
+    """Bytes a message would take on the wire: tensors by size, numbers as 8 bytes."""
+    if isinstance(obj, torch.Tensor):
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, dict):
+        return sum(payload_bytes(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return sum(payload_bytes(v) for v in obj)
+    if isinstance(obj, (int, float)):
+        return 8
+    return 0

@@ -1,0 +1,227 @@
+"""Load per-cell `metrics.json` files and flatten them into long pandas frames.
+
+A *cell* is one training run (method × dataset × partition × seed). A *kind* is the
+model evaluated: "global" (the server model) or "personal" (per-client models).
+Failed cells are kept as a single row with kind "failed" and NaN metrics, so reports
+can show them instead of silently dropping them.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any, Iterable
+
+import numpy as np
+import pandas as pd
+
+from fedrepro.io import atomic_path, read_json, write_json_atomic
+from fedrepro.registry import ConfigError
+
+SCHEMA = "fedrepro.metrics/1"
+KINDS = ("global", "personal")
+METRICS = ("acc", "f1")
+STATS = ("weighted_mean", "mean", "std", "min", "max", "worst10")
+CELL_KEYS = ("experiment", "dataset", "partition", "partition_id", "method", "label", "model", "seed")
+METRIC_COLUMNS = [f"{m}_{s}" for m in METRICS for s in STATS]
+BESTVAL_COLUMNS = [f"bestval_{m}_weighted_mean" for m in METRICS]
+EXTRA_COLUMNS = ["rounds", "bytes_up_total", "bytes_down_total", "wall_time_s", "peak_rss_mb"]
+SUMMARY_COLUMNS = [*CELL_KEYS, "status", "failure_reason", "kind", *METRIC_COLUMNS, *BESTVAL_COLUMNS, *EXTRA_COLUMNS]
+GROUP = ["dataset", "partition", "label", "kind"]
+JSON_COLUMNS = ("acc_weighted_mean", "acc_mean", "acc_worst10", "acc_std", "f1_mean")
+CURVE_COLUMNS = ["dataset", "partition", "label", "kind", "seed", "round", "metric", "stat", "value"]
+DECIMALS = 6
+
+
+def load_cells(paths: Iterable[str | Path]) -> list[dict]:
+    """Read metrics files (in the given order); raise ConfigError on a foreign schema."""
+    cells = []
+    for path in paths:
+        cell = read_json(path)
+        if not isinstance(cell, dict) or cell.get("schema") != SCHEMA or not isinstance(cell.get("cell"), dict):
+            got = cell.get("schema") if isinstance(cell, dict) else type(cell).__name__
+            raise ConfigError(f"{path}: not a metrics file (schema {got!r}); allowed: {SCHEMA!r}")
+        cells.append(cell)
+    return cells
+
+
+def _get(d: Any, *keys: str) -> Any:
+    """Nested dict lookup that returns None where any level is missing or null."""
+    for key in keys:
+        if not isinstance(d, dict):
+            return None
+        d = d.get(key)
+    return d
+
+
+def _num(x: Any) -> float:
+    return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) else math.nan
+
+
+def cell_ident(cell: dict) -> dict:
+    """The cell's identifying keys (experiment ... seed); label defaults to the method."""
+    c = cell.get("cell") or {}
+    ident = {k: c.get(k) for k in CELL_KEYS}
+    if ident["label"] is None:
+        ident["label"] = ident["method"]
+    return ident
+
+
+def is_ok(cell: dict) -> bool:
+    """True for a cell that finished successfully."""
+    return cell.get("status") == "ok"
+
+
+def cell_kinds(cell: dict) -> list[str]:
+    """Model kinds present in a successful cell's final summary (global before personal)."""
+    summary = cell.get("summary") or {}
+    return [k for k in KINDS if isinstance(summary.get(f"{k}_acc"), dict)]
+
+
+def summary_frame(cells: list[dict]) -> pd.DataFrame:
+    """One row per (ok cell, kind) plus one kind="failed" row per failed cell (metrics NaN)."""
+    rows = []
+    for cell in cells:
+        ok = is_ok(cell)
+        base = cell_ident(cell) | {
+            "status": cell.get("status") or "failed",
+            "failure_reason": None if ok else (_get(cell, "failure", "reason") or "unknown"),
+            "rounds": _num(cell.get("rounds")),
+            "bytes_up_total": _num(_get(cell, "communication", "bytes_up_total")),
+            "bytes_down_total": _num(_get(cell, "communication", "bytes_down_total")),
+            "wall_time_s": _num(_get(cell, "resources", "wall_time_s")),
+            "peak_rss_mb": _num(_get(cell, "resources", "peak_rss_mb")),
+        }
+        for kind in cell_kinds(cell) if ok else ["failed"]:
+            row = dict(base, kind=kind)
+            for m in METRICS:
+                for s in STATS:
+                    row[f"{m}_{s}"] = _num(_get(cell, "summary", f"{kind}_{m}", s)) if ok else math.nan
+                row[f"bestval_{m}_weighted_mean"] = (
+                    _num(_get(cell, "best_val", "summary", f"{kind}_{m}", "weighted_mean")) if ok else math.nan
+                )
+            rows.append(row)
+    return pd.DataFrame(rows, columns=SUMMARY_COLUMNS)
+
+
+def _ordered(values: Iterable) -> list:
+    return list(dict.fromkeys(values))
+
+
+def row_keys(frame: pd.DataFrame) -> list[tuple[str, str]]:
+    """(label, kind) rows: labels by first appearance, global before personal.
+
+    A label that never succeeded anywhere gets a single (label, "failed") row.
+    """
+    keys = []
+    for label in _ordered(frame["label"]):
+        kinds = set(frame.loc[(frame["label"] == label) & (frame["status"] == "ok"), "kind"])
+        keys += [(label, k) for k in KINDS if k in kinds] or [(label, "failed")]
+    return keys
+
+
+def column_keys(frame: pd.DataFrame) -> list[tuple[str, str]]:
+    """(dataset, partition) columns: datasets by first appearance, then their partitions likewise."""
+    keys = _ordered(zip(frame["dataset"], frame["partition"]))
+    datasets = _ordered(ds for ds, _ in keys)
+    return sorted(keys, key=lambda key: datasets.index(key[0]))
+
+
+def seed_stats(frame: pd.DataFrame, column: str) -> pd.DataFrame:
+    """Mean and sample std (ddof=1) over seeds of `column` per (dataset, partition, label, kind).
+
+    Returns columns dataset, partition, label, kind, mean, std, n_seeds (successful
+    cells), n_failed (failed cells of that label there), in row/column order. Only
+    (label, dataset×partition) combinations that have at least one cell are listed.
+    """
+    ok = frame[frame["status"] == "ok"]
+    grouped = ok.groupby(GROUP, sort=False)[column]
+    stats = {key: (g.mean(), g.std(ddof=1), len(g)) for key, g in grouped}
+    failed = frame[frame["status"] != "ok"].groupby(["dataset", "partition", "label"], sort=False).size().to_dict()
+    present = set(zip(frame["dataset"], frame["partition"], frame["label"]))
+    rows = []
+    for label, kind in row_keys(frame):
+        for ds, part in column_keys(frame):
+            if (ds, part, label) not in present:
+                continue
+            mean, std, n = stats.get((ds, part, label, kind), (math.nan, math.nan, 0))
+            rows.append({"dataset": ds, "partition": part, "label": label, "kind": kind,
+                         "mean": mean, "std": std, "n_seeds": n, "n_failed": failed.get((ds, part, label), 0)})
+    return pd.DataFrame(rows, columns=[*GROUP, "mean", "std", "n_seeds", "n_failed"])
+
+
+def _round(x: float) -> float | None:
+    return None if x is None or not np.isfinite(x) else round(float(x), DECIMALS)
+
+
+def metrics_json(frame: pd.DataFrame) -> dict:
+    """{dataset: {partition: {label: {kind: {col: mean over seeds, n_seeds, n_failed}}}}}.
+
+    Failed cells are excluded from the means and counted in "n_failed"; metrics with
+    no successful seed are omitted (JSON has no NaN).
+    """
+    out: dict = {}
+    for col in JSON_COLUMNS:
+        for r in seed_stats(frame, col).itertuples(index=False):
+            entry = out.setdefault(r.dataset, {}).setdefault(r.partition, {}).setdefault(r.label, {}).setdefault(r.kind, {})
+            if (value := _round(r.mean)) is not None:
+                entry[col] = value
+            entry["n_seeds"], entry["n_failed"] = int(r.n_seeds), int(r.n_failed)
+    return out
+
+
+def write_summary(cells: list[dict], csv_path: str | Path, json_path: str | Path) -> pd.DataFrame:
+    """Write the long summary CSV and the nested `dvc metrics` JSON; return the frame."""
+    frame = summary_frame(cells)
+    with atomic_path(csv_path) as tmp:
+        frame.round(DECIMALS).to_csv(tmp, index=False)
+    write_json_atomic(json_path, metrics_json(frame))
+    return frame
+
+
+def _series(values: Any, n: int) -> list[float]:
+    return [_num(v) for v in (values or [])[:n]]
+
+
+def curves_frame(cells: list[dict]) -> pd.DataFrame:
+    """Long per-round curves of successful cells.
+
+    Columns: dataset, partition, label, kind, seed, round, metric, stat, value. Model
+    metrics have kind global/personal, metric acc/f1 and stat as in the summary; the
+    training loss has kind "train", metric "train_loss", stat "value".
+    """
+    parts = []
+    for cell in cells:
+        curves = cell.get("curves") if is_ok(cell) else None
+        if not isinstance(curves, dict) or not curves.get("round"):
+            continue
+        ident = cell_ident(cell)
+        rounds = list(curves["round"])
+
+        def add(kind: str, metric: str, stat: str, values: Any) -> None:
+            vals = _series(values, len(rounds))
+            if vals:
+                parts.append(pd.DataFrame({
+                    "dataset": ident["dataset"], "partition": ident["partition"], "label": ident["label"],
+                    "kind": kind, "seed": ident["seed"], "round": rounds[: len(vals)],
+                    "metric": metric, "stat": stat, "value": vals,
+                }))
+
+        for kind in KINDS:
+            for m in METRICS:
+                for s in STATS:
+                    add(kind, m, s, _get(curves, f"{kind}_{m}", s))
+        add("train", "train_loss", "value", curves.get("train_loss"))
+    if not parts:
+        return pd.DataFrame(columns=CURVE_COLUMNS)
+    return pd.concat(parts, ignore_index=True)[CURVE_COLUMNS]
+
+
+def write_curves_csv(cells: list[dict], path: str | Path) -> None:
+    """Compact `dvc plots` CSV: dataset, partition, label, kind, seed, round, acc_weighted_mean."""
+    curves = curves_frame(cells)
+    acc = curves[(curves["metric"] == "acc") & (curves["stat"] == "weighted_mean")]
+    acc = acc.rename(columns={"value": "acc_weighted_mean"})
+    cols = ["dataset", "partition", "label", "kind", "seed", "round", "acc_weighted_mean"]
+    with atomic_path(path) as tmp:
+        acc[cols].round(DECIMALS).to_csv(tmp, index=False)

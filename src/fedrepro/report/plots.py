@@ -1,0 +1,194 @@
+"""Figures: learning curves, per-client accuracy distributions and partition label distributions.
+
+Headless (Agg backend) and deterministic: no timestamps or software tags in the files,
+fixed jitter seeds, so the same inputs give byte-identical PNGs on one machine.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
+
+from fedrepro.io import atomic_path  # noqa: E402
+from fedrepro.report.aggregate import cell_ident, curves_frame, is_ok, row_keys, summary_frame  # noqa: E402
+from fedrepro.report.tables import row_name  # noqa: E402
+
+matplotlib.rcParams["svg.hashsalt"] = "fedrepro"
+_METADATA = {"png": {"Software": None}, "svg": {"Date": None}, "pdf": {"CreationDate": None, "ModDate": None}}
+_STYLE = {"global": "-", "personal": "--"}
+_MAX_BAR_CLIENTS = 50
+
+
+def _save(fig: plt.Figure, out_path: str | Path) -> None:
+    """Save atomically in the format named by the suffix (PNG by default), then close."""
+    fmt = Path(out_path).suffix.lstrip(".").lower() or "png"
+    try:
+        with atomic_path(out_path) as tmp:
+            fig.savefig(tmp, format=fmt, dpi=120, metadata=_METADATA.get(fmt))
+    finally:
+        plt.close(fig)
+
+
+def _colors(labels: list[str]) -> dict[str, tuple]:
+    cmap = plt.get_cmap("tab10")
+    return {label: cmap(i % 10) for i, label in enumerate(labels)}
+
+
+def _no_data(ax: plt.Axes, text: str = "no successful cells") -> None:
+    ax.text(0.5, 0.5, text, ha="center", va="center", transform=ax.transAxes, color="gray")
+
+
+def _in(cells: list[dict], dataset: str, partition: str) -> list[dict]:
+    return [c for c in cells if (cell_ident(c)["dataset"], cell_ident(c)["partition"]) == (dataset, partition)]
+
+
+def _band(ax: plt.Axes, series: pd.DataFrame, scale: float, **style) -> plt.Line2D:
+    """Mean over seeds per round as a line, min–max over seeds as a shaded band."""
+    agg = series.groupby("round")["value"].agg(["mean", "min", "max"]).sort_index() * scale
+    x = agg.index.to_numpy()
+    marker = "o" if len(x) == 1 else None
+    (line,) = ax.plot(x, agg["mean"], marker=marker, **style)
+    ax.fill_between(x, agg["min"], agg["max"], color=line.get_color(), alpha=0.2, linewidth=0)
+    return line
+
+
+def plot_curves(frame_or_cells: pd.DataFrame | list[dict], dataset: str, partition: str, out_path: str | Path) -> None:
+    """Accuracy (weighted mean over clients, %) and train loss vs round for one dataset × partition.
+
+    Accepts a `curves_frame` or the cells themselves (then failed seeds are named in the title).
+    One line per (label, kind): mean over seeds, min–max band over seeds.
+    """
+    failed: list[str] = []
+    if isinstance(frame_or_cells, pd.DataFrame):
+        curves = frame_or_cells
+    else:
+        cells = _in(list(frame_or_cells), dataset, partition)
+        curves = curves_frame(cells)
+        failed = [f"{cell_ident(c)['label']} (seed {cell_ident(c)['seed']})" for c in cells if not is_ok(c)]
+    curves = curves[(curves["dataset"] == dataset) & (curves["partition"] == partition)]
+    colors = _colors(list(dict.fromkeys(curves["label"])))
+    fig, (ax_acc, ax_loss) = plt.subplots(1, 2, figsize=(11, 4.5), layout="constrained")
+
+    acc = curves[(curves["metric"] == "acc") & (curves["stat"] == "weighted_mean")]
+    handles = []
+    for (label, kind), g in acc.groupby(["label", "kind"], sort=False):
+        handles.append(_band(ax_acc, g, 100.0, color=colors[label], linestyle=_STYLE.get(kind, "-"),
+                             label=row_name(label, kind)))
+    loss = curves[curves["metric"] == "train_loss"]
+    for label, g in loss.groupby("label", sort=False):
+        _band(ax_loss, g, 1.0, color=colors[label], label=label)
+
+    ax_acc.set(xlabel="round", ylabel="accuracy (%), weighted over clients", title="test accuracy")
+    ax_loss.set(xlabel="round", ylabel="train loss", title="train loss")
+    for ax, empty in ((ax_acc, acc.empty), (ax_loss, loss.empty)):
+        ax.grid(alpha=0.3)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        if empty:
+            _no_data(ax)
+    if handles:
+        fig.legend(handles=handles, loc="outside lower center", ncols=min(len(handles), 4), frameon=False)
+    title = f"{dataset} / {partition}"
+    if failed:
+        title += "\nfailed: " + ", ".join(failed)
+    fig.suptitle(title)
+    _save(fig, out_path)
+
+
+def plot_client_distribution(cells: list[dict], dataset: str, partition: str, out_path: str | Path) -> None:
+    """Final per-client accuracy per (label, kind): box plot + jittered client points, seeds pooled.
+
+    Methods whose seeds all failed get an empty slot ticked "(failed)"; partial failures "(k failed)".
+    """
+    cells = _in(cells, dataset, partition)
+    frame = summary_frame(cells)
+    keys = row_keys(frame) if len(frame) else []
+    colors = _colors(list(dict.fromkeys(label for label, _ in keys)))
+    fig, ax = plt.subplots(figsize=(max(5.0, 1.4 * len(keys) + 2), 4.5), layout="constrained")
+    ticks = []
+    for pos, (label, kind) in enumerate(keys, start=1):
+        mine = [c for c in cells if cell_ident(c)["label"] == label]
+        values = [100.0 * float(v) for c in mine if is_ok(c)
+                  for v in ((c.get("final") or {}).get(kind) or {}).get("acc") or [] if v is not None]
+        n_failed = sum(not is_ok(c) for c in mine)
+        tick = row_name(label, kind)
+        if not values:
+            tick += "\n(failed)" if n_failed else "\n(no data)"
+        elif n_failed:
+            tick += f"\n({n_failed} failed)"
+        ticks.append(tick)
+        if values:
+            ax.boxplot([values], positions=[pos], widths=0.6, showfliers=False,
+                       medianprops={"color": "black"}, boxprops={"color": colors[label]})
+            jitter = np.random.default_rng(pos).uniform(-0.18, 0.18, len(values))
+            ax.scatter(pos + jitter, values, s=10, alpha=0.6, color=colors[label], zorder=3)
+    ax.set_xticks(range(1, len(keys) + 1), ticks, rotation=30 if len(keys) > 4 else 0,
+                  ha="right" if len(keys) > 4 else "center")
+    ax.set_xlim(0.4, len(keys) + 0.6)
+    ax.set(ylabel="final per-client test accuracy (%)", title=f"{dataset} / {partition}: clients, seeds pooled")
+    ax.grid(axis="y", alpha=0.3)
+    if not keys:
+        _no_data(ax, "no cells")
+    _save(fig, out_path)
+
+
+def _counts(manifest: dict) -> np.ndarray:
+    """(clients, classes) label counts summed over the splits (train + test + val)."""
+    clients = manifest.get("clients") or []
+    width = int(manifest.get("num_classes") or 0)
+    rows = []
+    for c in clients:
+        splits = (c.get("class_counts") or {}).values()
+        row = np.zeros(max([width] + [len(s) for s in splits]), dtype=np.int64)
+        for s in splits:
+            row[: len(s)] += np.asarray(s, dtype=np.int64)
+        rows.append(row)
+    width = max([width] + [len(r) for r in rows])
+    return np.array([np.pad(r, (0, width - len(r))) for r in rows], dtype=np.int64).reshape(len(rows), width)
+
+
+def plot_partition(manifest: dict, out_path: str | Path) -> None:
+    """Per-client label distribution: stacked bars (≤ 50 clients) or a bubble plot (more)."""
+    counts = _counts(manifest)
+    n, k = counts.shape
+    ids = [c.get("id", i) for i, c in enumerate(manifest.get("clients") or [])]
+    params = ", ".join(f"{key}={val}" for key, val in sorted((manifest.get("params") or {}).items()))
+    title = (f"{manifest.get('dataset', '?')}: {manifest.get('partitioner', '?')}({params}), "
+             f"seed {manifest.get('seed', '?')}, {n} clients")
+    cmap = plt.get_cmap("tab10" if k <= 10 else "tab20" if k <= 20 else "viridis")
+    if n <= _MAX_BAR_CLIENTS:
+        fig, ax = plt.subplots(figsize=(9, max(3.0, 0.28 * n + 1.5)), layout="constrained")
+        left = np.zeros(n)
+        for j in range(k):
+            color = cmap(j) if k <= 20 else cmap(j / max(k - 1, 1))
+            ax.barh(range(n), counts[:, j], left=left, color=color, height=0.8, label=str(j))
+            left += counts[:, j]
+        ax.set_yticks(range(n), [str(i) for i in ids])
+        ax.invert_yaxis()
+        ax.set(xlabel="samples (train + test + val)", ylabel="client")
+        if k <= 20:
+            ax.legend(title="class", loc="upper left",
+                      bbox_to_anchor=(1.01, 1.0), fontsize="small", frameon=False)
+        else:
+            sm = plt.cm.ScalarMappable(cmap=cmap, norm=plt.Normalize(0, k - 1))
+            fig.colorbar(sm, ax=ax, label="class")
+    else:
+        fig, ax = plt.subplots(figsize=(min(24.0, 4 + 0.08 * n), max(3.5, 0.3 * k + 1.5)), layout="constrained")
+        cc, kk = np.nonzero(counts)
+        share = counts / np.maximum(counts.sum(axis=1, keepdims=True), 1)
+        sc = ax.scatter(cc, kk, s=120 * counts[cc, kk] / max(counts.max(), 1), c=share[cc, kk],
+                        cmap="viridis", vmin=0, vmax=1)
+        fig.colorbar(sc, ax=ax, label="share of the client's samples")
+        ax.set(xlabel="client (index)", ylabel="class", xlim=(-1, n), ylim=(-0.5, k - 0.5))
+        ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.invert_yaxis()
+    if n == 0:
+        _no_data(ax, "no clients")
+    ax.set_title(title)
+    _save(fig, out_path)

@@ -1,0 +1,170 @@
+"""Paper-style tables: methods as rows, dataset × partition as columns, "mean ± std" over seeds.
+
+Written as Markdown, LaTeX (booktabs) and a numeric CSV, without tabulate or jinja2.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pandas as pd
+
+from fedrepro.io import atomic_path, write_text_atomic
+from fedrepro.report.aggregate import DECIMALS, column_keys, row_keys, seed_stats
+
+DEFAULT_TABLES = {
+    "accuracy": "acc_weighted_mean",
+    "accuracy_client_mean": "acc_mean",
+    "accuracy_client_std": "acc_std",
+    "accuracy_worst10": "acc_worst10",
+    "macro_f1": "f1_mean",
+}
+
+_METRIC_NAMES = {"acc": "Accuracy (%)", "f1": "Macro-F1 (%)"}
+_STAT_NAMES = {
+    "weighted_mean": "weighted by client test size",
+    "mean": "unweighted mean over clients",
+    "std": "standard deviation across clients",
+    "min": "worst client",
+    "max": "best client",
+    "worst10": "mean of the worst 10% of clients",
+}
+
+
+def is_percent(column: str) -> bool:
+    """Accuracy/F1 columns are fractions and shown ×100."""
+    return column.removeprefix("bestval_").split("_")[0] in _METRIC_NAMES
+
+
+def caption(column: str) -> str:
+    """One-line description of what a table built from `column` shows."""
+    base = column.removeprefix("bestval_")
+    metric, _, stat = base.partition("_")
+    if metric in _METRIC_NAMES and stat in _STAT_NAMES:
+        what = f"{_METRIC_NAMES[metric]} {_STAT_NAMES[stat]}"
+    else:
+        what = column
+    when = "at the best validation round" if column.startswith("bestval_") else "final round"
+    return f"{what}, {when}, mean ± std (sample, ddof=1) over seeds"
+
+
+def row_name(label: str, kind: str) -> str:
+    """Row label: "<label> (global)" / "<label> (personal)", plain label for never-successful methods."""
+    return label if kind == "failed" else f"{label} ({kind})"
+
+
+def format_cell(mean: float, std: float, n_seeds: int, n_failed: int, scale: float = 100.0) -> str:
+    """'85.31 ± 0.42', '85.31' (one seed), 'failed', with ' (k failed)' when some seeds failed."""
+    if n_seeds == 0 or math.isnan(mean):
+        return "failed" if n_failed and n_seeds == 0 else "-"
+    text = f"{mean * scale:.2f}" if math.isnan(std) else f"{mean * scale:.2f} ± {std * scale:.2f}"
+    return f"{text} ({n_failed} failed)" if n_failed else text
+
+
+def pivot_table(frame: pd.DataFrame, column: str) -> pd.DataFrame:
+    """Strings table: index = method rows, columns = MultiIndex (dataset, partition)."""
+    scale = 100.0 if is_percent(column) else 1.0
+    stats = {(r.label, r.kind, r.dataset, r.partition): r for r in seed_stats(frame, column).itertuples(index=False)}
+    rows, cols = row_keys(frame), column_keys(frame)
+    data = []
+    for label, kind in rows:
+        line = []
+        for ds, part in cols:
+            r = stats.get((label, kind, ds, part))
+            line.append("-" if r is None else format_cell(r.mean, r.std, r.n_seeds, r.n_failed, scale))
+        data.append(line)
+    index = pd.Index([row_name(label, kind) for label, kind in rows], name="method")
+    columns = pd.MultiIndex.from_tuples(cols, names=["dataset", "partition"])
+    return pd.DataFrame(data, index=index, columns=columns)
+
+
+def numeric_table(frame: pd.DataFrame, column: str) -> pd.DataFrame:
+    """Machine-readable wide table: label, kind, then '<dataset>/<partition>/{mean,std,n_seeds,n_failed}'."""
+    scale = 100.0 if is_percent(column) else 1.0
+    stats = seed_stats(frame, column)
+    out = pd.DataFrame(row_keys(frame), columns=["label", "kind"])
+    for ds, part in column_keys(frame):
+        sub = stats[(stats["dataset"] == ds) & (stats["partition"] == part)].set_index(["label", "kind"])
+        sub = sub.reindex(pd.MultiIndex.from_frame(out[["label", "kind"]]))
+        out[f"{ds}/{part}/mean"] = (sub["mean"] * scale).round(DECIMALS).to_numpy()
+        out[f"{ds}/{part}/std"] = (sub["std"] * scale).round(DECIMALS).to_numpy()
+        out[f"{ds}/{part}/n_seeds"] = sub["n_seeds"].fillna(0).astype(int).to_numpy()
+        out[f"{ds}/{part}/n_failed"] = sub["n_failed"].fillna(0).astype(int).to_numpy()
+    return out
+
+
+def to_markdown(table: pd.DataFrame, title: str = "") -> str:
+    """Pipe table with a 'Table: ...' caption line; columns headed 'dataset / partition'."""
+    def esc(s: object) -> str:
+        return str(s).replace("|", "\\|")
+
+    header = [table.index.name or ""] + [" / ".join(map(str, c)) if isinstance(c, tuple) else str(c) for c in table.columns]
+    lines = ["| " + " | ".join(map(esc, header)) + " |", "|" + "|".join([":---"] + ["---:"] * len(table.columns)) + "|"]
+    for name, row in table.iterrows():
+        lines.append("| " + " | ".join(esc(v) for v in [name, *row]) + " |")
+    return (f"Table: {title}\n\n" if title else "") + "\n".join(lines) + "\n"
+
+
+def latex_escape(text: object) -> str:
+    """Escape LaTeX specials in a cell; '±' becomes $\\pm$."""
+    s = str(text)
+    for a, b in (("\\", r"\textbackslash{}"), ("&", r"\&"), ("%", r"\%"), ("$", r"\$"), ("#", r"\#"),
+                 ("_", r"\_"), ("{", r"\{"), ("}", r"\}"), ("~", r"\textasciitilde{}"), ("^", r"\^{}")):
+        s = s.replace(a, b)
+    return s.replace("±", r"$\pm$")
+
+
+def to_latex(table: pd.DataFrame, title: str = "", label: str = "") -> str:
+    """booktabs tabular in a table float: dataset header row (with cmidrules) over partition row."""
+    cols = list(table.columns)
+    n = len(cols)
+    groups: list[tuple[str, int]] = []
+    for ds, _ in cols:
+        if groups and groups[-1][0] == ds:
+            groups[-1] = (ds, groups[-1][1] + 1)
+        else:
+            groups.append((ds, 1))
+    top, rules, start = [""], [], 2
+    for ds, width in groups:
+        top.append(rf"\multicolumn{{{width}}}{{c}}{{{latex_escape(ds)}}}")
+        rules.append(rf"\cmidrule(lr){{{start}-{start + width - 1}}}")
+        start += width
+    lines = [f"% {title}", r"\begin{table}[t]", r"\centering"]
+    if title:
+        lines.append(rf"\caption{{{latex_escape(title)}}}")
+    if label:
+        lines.append(rf"\label{{tab:{label}}}")
+    lines += [
+        r"\begin{tabular}{l" + "c" * n + "}",
+        r"\toprule",
+        " & ".join(top) + r" \\",
+        " ".join(rules),
+        " & ".join(["Method"] + [latex_escape(p) for _, p in cols]) + r" \\",
+        r"\midrule",
+    ]
+    for name, row in table.iterrows():
+        lines.append(" & ".join(latex_escape(v) for v in [name, *row]) + r" \\")
+    lines += [r"\bottomrule", r"\end{tabular}", r"\end{table}"]
+    return "\n".join(lines) + "\n"
+
+
+def write_tables(frame: pd.DataFrame, out_dir: str | Path, columns: dict[str, str] = DEFAULT_TABLES) -> list[Path]:
+    """Write <name>.md, <name>.tex and <name>.csv per table; return the written paths.
+
+    The CSV's first line is a '# caption' comment (read it with `pd.read_csv(path, comment="#")`).
+    """
+    out_dir = Path(out_dir)
+    written = []
+    for name, column in columns.items():
+        title = caption(column)
+        table = pivot_table(frame, column)
+        md, tex, csv = out_dir / f"{name}.md", out_dir / f"{name}.tex", out_dir / f"{name}.csv"
+        write_text_atomic(md, to_markdown(table, title))
+        write_text_atomic(tex, to_latex(table, title, name))
+        with atomic_path(csv) as tmp:
+            with open(tmp, "w", newline="") as fh:
+                fh.write(f"# {name}: {title}\n")
+                numeric_table(frame, column).to_csv(fh, index=False)
+        written += [md, tex, csv]
+    return written
