@@ -58,7 +58,8 @@ def make_cell(dataset: str, partition: str, method: str, seed: int, failed: bool
         cell["final"] = None
         cell["curves"] = {"round": [1, 2], "train_loss": [2.0, float("nan")]}
         return cell
-    final, summary, curves = {"global": None, "personal": None}, {}, {"round": [1, 2, 3], "train_loss": [1.0, 0.5, 0.25 + 0.1 * seed]}
+    final, summary = {"global": None, "personal": None}, {}
+    curves = {"round": [1, 2, 3], "train_loss": [1.0, 0.5, 0.25 + 0.1 * seed]}
     for kind in KINDS[method]:
         w = ACC[(dataset, method, kind)][seed]
         final[kind] = {"acc": [w - 0.1, w, w + 0.1], "f1": [w - 0.15, w - 0.05, w + 0.05]}
@@ -104,7 +105,8 @@ def test_summary_frame_rows(cells):
     assert len(frame) == 11
     assert frame["kind"].value_counts().to_dict() == {"global": 7, "personal": 3, "failed": 1}
     failed = frame[frame["status"] == "failed"].iloc[0]
-    assert (failed["dataset"], failed["method"], failed["seed"], failed["kind"]) == ("cifar10", "fedavg_ft", 1, "failed")
+    key = (failed["dataset"], failed["method"], failed["seed"], failed["kind"])
+    assert key == ("cifar10", "fedavg_ft", 1, "failed")
     assert failed["failure_reason"] == "loss is NaN at round 3"
     assert math.isnan(failed["acc_weighted_mean"])
     row = frame[(frame["dataset"] == "fmnist") & (frame["method"] == "fedavg_ft") & (frame["seed"] == 1)

@@ -163,7 +163,8 @@ def metrics_json(frame: pd.DataFrame) -> dict:
     out: dict = {}
     for col in JSON_COLUMNS:
         for r in seed_stats(frame, col).itertuples(index=False):
-            entry = out.setdefault(r.dataset, {}).setdefault(r.partition, {}).setdefault(r.label, {}).setdefault(r.kind, {})
+            entry = out.setdefault(r.dataset, {}).setdefault(r.partition, {})
+            entry = entry.setdefault(r.label, {}).setdefault(r.kind, {})
             if (value := _round(r.mean)) is not None:
                 entry[col] = value
             entry["n_seeds"], entry["n_failed"] = int(r.n_seeds), int(r.n_failed)

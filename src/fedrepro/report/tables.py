@@ -99,7 +99,8 @@ def to_markdown(table: pd.DataFrame, title: str = "") -> str:
     def esc(s: object) -> str:
         return str(s).replace("|", "\\|")
 
-    header = [table.index.name or ""] + [" / ".join(map(str, c)) if isinstance(c, tuple) else str(c) for c in table.columns]
+    header = [table.index.name or ""]
+    header += [" / ".join(map(str, c)) if isinstance(c, tuple) else str(c) for c in table.columns]
     lines = ["| " + " | ".join(map(esc, header)) + " |", "|" + "|".join([":---"] + ["---:"] * len(table.columns)) + "|"]
     for name, row in table.iterrows():
         lines.append("| " + " | ".join(esc(v) for v in [name, *row]) + " |")

@@ -1,0 +1,30 @@
+# fedrepro: partition -> train (one job per cell) -> aggregate -> tables, plots, report.
+#
+#   snakemake --workflow-profile workflow/profiles/local                     # the default experiment
+#   snakemake --workflow-profile workflow/profiles/local --configfile config/test.yaml
+#   snakemake --workflow-profile workflow/profiles/slurm --configfile config/experiments/X.yaml
+from snakemake.utils import min_version
+
+min_version("9.0")
+
+
+# The embedded default experiment. An experiment given with --configfile replaces it
+# (Snakemake would otherwise deep-merge the two and train the union of their methods).
+if not workflow.overwrite_configfiles:
+
+    configfile: "config/config.yaml"
+
+
+report: "workflow/report/description.rst"
+
+
+include: "workflow/rules/common.smk"
+include: "workflow/rules/data.smk"
+include: "workflow/rules/train.smk"
+include: "workflow/rules/aggregate.smk"
+
+
+rule all:
+    default_target: True
+    input:
+        final_outputs(),

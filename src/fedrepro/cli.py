@@ -1,0 +1,216 @@
+"""The `fedrepro` command: the steps the Snakemake rules call, plus registry listings."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from .registry import ConfigError
+
+
+def _print_entries(title: str, registry, extra=lambda e: []) -> None:
+    print(f"{title}:")
+    for e in registry:
+        print(f"  {e.name:<16} {e.summary}")
+        for line in extra(e):
+            print(f"  {'':<16} {line}")
+        for key, p in e.params.items():
+            print(f"  {'':<16}   {key} = {p.default!r}: {p.doc}")
+
+
+def cmd_list(args) -> None:
+    if args.what == "datasets":
+        from .data.datasets import DATASETS
+
+        _print_entries("datasets", DATASETS, lambda e: [f"size: {e.info['size']}", f"shape: {e.obj.sample_shape}, classes: {e.obj.num_classes}",
+                                                        f"source: {e.info['source']}"])
+    elif args.what == "partitioners":
+        from .data.partitioners import PARTITIONERS
+
+        _print_entries("partitioners", PARTITIONERS)
+        print("every partition also takes: num_clients, seed, pool (merge official train+test), "
+              "split: {test_fraction=0.25, val_fraction=0.0, stratify=true}")
+    elif args.what == "methods":
+        from .methods import METHODS
+
+        _print_entries("methods", METHODS, lambda e: [f"paper: {e.info['paper']}"] if e.info.get("paper") else [])
+    else:
+        from .models import MODELS
+
+        _print_entries("models", MODELS, lambda e: [f"inputs: {e.info['inputs']}"] if e.info.get("inputs") else [])
+
+
+def cmd_validate(args) -> None:
+    from .config import load_config, resolve_experiment
+
+    for path in args.configs:
+        exp = resolve_experiment(load_config(path))
+        print(f"{path}: ok, experiment '{exp['experiment']}': {len(exp['partitions'])} partition(s), {len(exp['cells'])} cell(s)")
+
+
+def cmd_cells(args) -> None:
+    from .config import load_config, resolve_experiment
+
+    exp = resolve_experiment(load_config(args.config))
+    for c in exp["cells"]:
+        print(f"{c['dataset']}/{c['partition']}({c['partition_id']})/{c['label']}[{c['method']}]/seed{c['seed']}")
+
+
+def cmd_prepare(args) -> None:
+    from .data.datasets import prepare_dataset
+    from .io import write_json_atomic
+
+    info = prepare_dataset(args.dataset, Path(args.root), json.loads(args.params))
+    if args.out:
+        write_json_atomic(args.out, info)
+    print(f"[fedrepro] {args.dataset}: {info['num_samples']} samples, fingerprint {info['fingerprint'][:16]}", file=sys.stderr)
+
+
+def cmd_partition(args) -> None:
+    from .data.datasets import load_dataset
+    from .data.shards import partition_id, write_partition
+
+    spec = json.loads(args.spec)
+    pid = partition_id(spec)
+    out = Path(args.out)
+    if out.name != pid:
+        raise ConfigError(f"--out {out}: the partition directory must be named by the spec's id {pid}")
+    raw = load_dataset(spec["dataset"], Path(args.root), spec.get("dataset_params"))
+    manifest = write_partition(raw, spec, out)
+    sizes = [sum(c["sizes"].values()) for c in manifest["clients"]]
+    print(f"[fedrepro] partition {pid}: {len(sizes)} clients, sizes {min(sizes)}..{max(sizes)}", file=sys.stderr)
+
+
+def cmd_plot_partition(args) -> None:
+    from .data.shards import read_manifest
+    from .report.plots import plot_partition
+
+    plot_partition(read_manifest(args.shards), args.out)
+
+
+def cmd_train(args) -> None:
+    from .engine.run import train_cell
+
+    cell = json.loads(args.cell)
+    train_cell(cell, args.shards, args.out_dir, args.checkpoint, device=args.device, threads=args.threads)
+
+
+def cmd_aggregate(args) -> None:
+    from .report.aggregate import load_cells, write_curves_csv, write_summary
+
+    cells = load_cells(args.metrics)
+    write_summary(cells, args.csv, args.json)
+    write_curves_csv(cells, args.curves)
+
+
+def cmd_tables(args) -> None:
+    import pandas as pd
+
+    from .report.tables import write_tables
+
+    for path in write_tables(pd.read_csv(args.summary), args.out_dir):
+        print(path)
+
+
+def cmd_plots(args) -> None:
+    from .report.aggregate import load_cells
+    from .report.plots import plot_client_distribution, plot_curves
+
+    cells = load_cells(args.metrics)
+    plot_curves(cells, args.dataset, args.partition, args.curves)
+    plot_client_distribution(cells, args.dataset, args.partition, args.clients)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="fedrepro", description="fedrepro: reproducible benchmarks of personalized and fair "
+                                 "federated learning. The Snakemake workflow calls these steps; `list` shows the registries.")
+    sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("list", help="print a registry with parameters and defaults", description="Print the registered datasets, "
+                       "partitioners, methods or models with their parameters and defaults.")
+    p.add_argument("what", choices=["datasets", "partitioners", "methods", "models"])
+    p.set_defaults(func=cmd_list)
+
+    p = sub.add_parser("validate", help="check experiment configs", description="Validate experiment YAML files against the "
+                       "schema and the registries; print the number of cells or a message naming the bad key.")
+    p.add_argument("configs", nargs="+")
+    p.set_defaults(func=cmd_validate)
+
+    p = sub.add_parser("cells", help="list the training cells of an experiment", description="List the cells "
+                       "(dataset/partition/method/seed) that an experiment config expands to.")
+    p.add_argument("config")
+    p.set_defaults(func=cmd_cells)
+
+    p = sub.add_parser("prepare", help="make a dataset's raw files present", description="Make a dataset's raw files "
+                       "present under --root (local system package, or download) and record its fingerprint.")
+    p.add_argument("dataset")
+    p.add_argument("--root", required=True)
+    p.add_argument("--params", default="{}", help="dataset parameters as JSON")
+    p.add_argument("--out", help="write the dataset info (fingerprint, size) to this JSON file")
+    p.set_defaults(func=cmd_prepare)
+
+    p = sub.add_parser("partition", help="partition a dataset into Parquet client shards", description="Partition a dataset "
+                       "into per-client Parquet shards plus manifest.json, written atomically into --out (named by the spec's id).")
+    p.add_argument("--spec", required=True, help="resolved partition spec as JSON")
+    p.add_argument("--root", required=True, help="the dataset's raw data folder")
+    p.add_argument("--out", required=True)
+    p.set_defaults(func=cmd_partition)
+
+    p = sub.add_parser("plot-partition", help="plot a partition's per-client label distribution",
+                       description="Plot the per-client label distribution of a partition from its manifest.")
+    p.add_argument("shards")
+    p.add_argument("out")
+    p.set_defaults(func=cmd_plot_partition)
+
+    p = sub.add_parser("train", help="train one cell", description="Train one cell (method x dataset x partition x seed) and "
+                       "write metrics.json and provenance.json into --out-dir; resumes from --checkpoint if present.")
+    p.add_argument("--cell", required=True, help="resolved cell as JSON (see `fedrepro cells`)")
+    p.add_argument("--shards", required=True, help="partition directory")
+    p.add_argument("--out-dir", required=True)
+    p.add_argument("--checkpoint", help="checkpoint file (written every training.checkpoint_every rounds)")
+    p.add_argument("--device", default="auto", help="auto (CUDA when present), cpu, cuda, cuda:1, ...")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    p.set_defaults(func=cmd_train)
+
+    p = sub.add_parser("aggregate", help="collect cells' metrics into summary files", description="Collect metrics.json files "
+                       "into a long summary CSV, a nested summary JSON (for dvc metrics) and a curves CSV (for dvc plots).")
+    p.add_argument("metrics", nargs="+")
+    p.add_argument("--csv", required=True)
+    p.add_argument("--json", required=True)
+    p.add_argument("--curves", required=True)
+    p.set_defaults(func=cmd_aggregate)
+
+    p = sub.add_parser("tables", help="write paper-style tables", description="Write Markdown, LaTeX (booktabs) and CSV tables "
+                       "(methods x dataset/partition, mean ± std over seeds) from a summary CSV.")
+    p.add_argument("--summary", required=True)
+    p.add_argument("--out-dir", required=True)
+    p.set_defaults(func=cmd_tables)
+
+    p = sub.add_parser("plots", help="plot learning curves and per-client accuracy", description="Plot learning curves and "
+                       "per-client accuracy distributions of one dataset/partition from metrics.json files.")
+    p.add_argument("metrics", nargs="+")
+    p.add_argument("--dataset", required=True)
+    p.add_argument("--partition", required=True)
+    p.add_argument("--curves", required=True)
+    p.add_argument("--clients", required=True)
+    p.set_defaults(func=cmd_plots)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    from .data.base import DataMissingError
+    from .data.shards import ShardChecksumError
+
+    try:
+        args.func(args)
+    except (ConfigError, DataMissingError, ShardChecksumError) as exc:
+        print(f"fedrepro {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

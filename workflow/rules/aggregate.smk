@@ -1,0 +1,69 @@
+# All cells of the experiment -> summary files -> tables and plots (cheap, run locally).
+
+
+rule aggregate:
+    input:
+        all_metrics,
+    output:
+        csv=f"{OUT}/summary.csv",
+        json=f"{OUT}/summary.json",
+        curves=f"{OUT}/curves.csv",
+    conda:
+        "../envs/fedrepro.yaml"
+    log:
+        f"{OUT}/logs/aggregate.log",
+    localrule: True
+    shell:
+        "fedrepro aggregate {input} --csv {output.csv} --json {output.json} "
+        "--curves {output.curves} > {log} 2>&1"
+
+
+rule tables:
+    input:
+        f"{OUT}/summary.csv",
+    output:
+        [
+            report(
+                f"{OUT}/tables/{t}.csv",
+                caption="../report/table.rst",
+                category="Tables",
+                labels={"table": t},
+            )
+            for t in TABLES
+        ],
+        [f"{OUT}/tables/{t}.{ext}" for t in TABLES for ext in ("md", "tex")],
+    conda:
+        "../envs/fedrepro.yaml"
+    log:
+        f"{OUT}/logs/tables.log",
+    params:
+        out_dir=lambda wildcards, output: os.path.dirname(output[0]),
+    localrule: True
+    shell:
+        "fedrepro tables --summary {input} --out-dir {params.out_dir} > {log} 2>&1"
+
+
+rule plots:
+    input:
+        panel_metrics,
+    output:
+        curves=report(
+            f"{OUT}/plots/curves_{{dataset}}_{{partition}}.png",
+            caption="../report/curves.rst",
+            category="Learning curves",
+            labels={"dataset": "{dataset}", "partition": "{partition}"},
+        ),
+        clients=report(
+            f"{OUT}/plots/clients_{{dataset}}_{{partition}}.png",
+            caption="../report/clients.rst",
+            category="Per-client accuracy",
+            labels={"dataset": "{dataset}", "partition": "{partition}"},
+        ),
+    conda:
+        "../envs/fedrepro.yaml"
+    log:
+        f"{OUT}/logs/plots_{{dataset}}_{{partition}}.log",
+    localrule: True
+    shell:
+        "fedrepro plots {input} --dataset {wildcards.dataset} --partition {wildcards.partition} "
+        "--curves {output.curves} --clients {output.clients} > {log} 2>&1"
