@@ -12,7 +12,7 @@ min_version("9.0")
 # (Snakemake would otherwise deep-merge the two and train the union of their methods).
 if not workflow.overwrite_configfiles:
 
-    configfile: "config/config.yaml"
+    configfile: f"{workflow.basedir}/config/config.yaml"
 
 
 report: "workflow/report/description.rst"

@@ -127,7 +127,7 @@ def resolve_experiment(config: dict) -> dict[str, Any]:
         for label, p in config["partitions"].items():
             where = f"config key 'partitions.{label}'"
             if p["partitioner"] not in _partitioner_names():
-                raise ConfigError(f"{where}.partitioner' has value {p['partitioner']!r}; allowed: {', '.join(_partitioner_names())}")
+                raise ConfigError(f"config key 'partitions.{label}.partitioner' has value {p['partitioner']!r}; allowed: {', '.join(_partitioner_names())}")
             spec = {"dataset": ds, "dataset_params": dsinfo["params"], **p}
             try:
                 resolved = resolve_partition_spec(spec)
@@ -135,7 +135,7 @@ def resolve_experiment(config: dict) -> dict[str, Any]:
                 raise ConfigError(f"{where}: {exc}") from None
             k = resolved["params"].get("num_classes_per_partition")
             if k is not None and k > dsinfo["num_classes"]:
-                raise ConfigError(f"{where}.params.num_classes_per_partition' has value {k}; allowed: at most the {dsinfo['num_classes']} classes of {ds}")
+                raise ConfigError(f"config key 'partitions.{label}.params.num_classes_per_partition' has value {k}; allowed: at most the {dsinfo['num_classes']} classes of {ds}")
             partitions.append({"dataset": ds, "label": label, "id": partition_id(spec), "spec": resolved})
     base_training = config.get("training") or {}
     cells = []

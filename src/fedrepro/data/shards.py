@@ -45,6 +45,8 @@ class ShardChecksumError(RuntimeError):
 def resolve_partition_spec(spec: dict[str, Any]) -> dict[str, Any]:
     """Fill defaults and check a partition spec; the result is what the id hashes."""
     spec = dict(spec)
+    if "dataset" not in spec:
+        raise ConfigError(f"partition spec {spec!r}: missing key 'dataset'; allowed: a registered dataset name")
     where = f"partition of dataset '{spec.get('dataset')}'"
     name = spec.get("partitioner")
     entry = PARTITIONERS.entry(name)
@@ -63,8 +65,8 @@ def resolve_partition_spec(spec: dict[str, Any]) -> dict[str, Any]:
         raise ConfigError(f"{where}: keys 'split.test_fraction' + 'split.val_fraction' = "
                           f"{split['test_fraction'] + split['val_fraction']}; allowed: < 1 (clients need training data)")
     seed = spec.get("seed", 0)
-    if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
-        raise ConfigError(f"{where}: key 'seed' has value {seed!r}; allowed: an integer >= 0")
+    if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < 2**32:
+        raise ConfigError(f"{where}: key 'seed' has value {seed!r}; allowed: an integer in [0, 2**32 - 1] (numpy RandomState)")
     pool = spec.get("pool", True)
     if not isinstance(pool, bool):
         raise ConfigError(f"{where}: key 'pool' has value {pool!r}; allowed: true or false")

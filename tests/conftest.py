@@ -1,0 +1,52 @@
+"""Shared fixtures: a tiny digits partition on disk and cell factories."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+
+from fedrepro.config import resolve_experiment
+from fedrepro.data.datasets import load_dataset
+from fedrepro.data.shards import write_partition
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def tiny_config(**training) -> dict:
+    return {
+        "experiment": "unit",
+        "datasets": {"digits": {"model": {"name": "mlp", "params": {"hidden": [32]}}}},
+        "partitions": {"dir": {"partitioner": "dirichlet", "num_clients": 4, "seed": 0,
+                               "params": {"alpha": 0.5, "min_partition_size": 30},
+                               "split": {"test_fraction": 0.25, "val_fraction": 0.1}}},
+        "methods": {"local": {}, "fedavg": {}, "fedavg_ft": {"hparams": {"ft_epochs": 1}}},
+        "seeds": [0],
+        "training": {"rounds": 2, "batch_size": 16, "optimizer": {"name": "sgd", "lr": 0.05}, **training},
+    }
+
+
+@pytest.fixture(scope="session")
+def tiny_partition(tmp_path_factory) -> tuple[Path, dict]:
+    """The digits partition of `tiny_config`, written once per test session."""
+    exp = resolve_experiment(tiny_config())
+    part = exp["partitions"][0]
+    out = tmp_path_factory.mktemp("shards") / part["id"]
+    write_partition(load_dataset("digits", tmp_path_factory.mktemp("raw")), part["spec"], out)
+    return out, exp
+
+
+@pytest.fixture
+def make_cell(tiny_partition):
+    """make_cell(label, **training_overrides) -> a resolved cell on the tiny partition."""
+    _, base = tiny_partition
+
+    def make(label: str = "fedavg", seed: int = 0, **training) -> dict:
+        exp = resolve_experiment(tiny_config(**training)) if training else base
+        cell = next(c for c in exp["cells"] if c["label"] == label)
+        cell = copy.deepcopy(cell)
+        cell["seed"] = seed
+        return cell
+
+    return make

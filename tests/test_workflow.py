@@ -1,0 +1,109 @@
+"""The Snakemake workflow end to end on the tiny digits experiment (config/test.yaml),
+plus lint, dry runs with both profiles, and the config gate."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+
+from conftest import REPO
+
+TEST_CONFIG = REPO / "config" / "test.yaml"
+
+
+def snakemake(*args: str, cwd: Path, check: bool = True) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"]}
+    cmd = [sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "--directory", str(cwd), *args]
+    proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=900)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"snakemake {' '.join(args)} failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}")
+    return proc
+
+
+@pytest.fixture(scope="module")
+def e2e(tmp_path_factory) -> Path:
+    work = tmp_path_factory.mktemp("wf")
+    snakemake("--configfile", str(TEST_CONFIG), "--workflow-profile", str(REPO / "workflow/profiles/local"),
+              "--cores", "2", "--set-threads", "train=1", "--resources", "gpu=2", cwd=work)
+    snakemake("--configfile", str(TEST_CONFIG), "--report", "results/test/report.html", cwd=work)
+    return work
+
+
+def test_every_cell_trained_and_tabulated(e2e):
+    config = yaml.safe_load(TEST_CONFIG.read_text())
+    out = e2e / "results" / "test"
+    for part in config["partitions"]:
+        for label in config["methods"]:
+            for seed in config["seeds"]:
+                m = json.loads((out / "runs" / "digits" / part / label / f"seed{seed}" / "metrics.json").read_text())
+                assert m["status"] == "ok" and m["rounds"] == config["training"]["rounds"]
+    for name in ("accuracy", "accuracy_client_mean", "accuracy_client_std", "accuracy_worst10", "macro_f1"):
+        md = (out / "tables" / f"{name}.md").read_text()
+        tex = (out / "tables" / f"{name}.tex").read_text()
+        for label in config["methods"]:
+            assert label in md and label.replace("_", r"\_") in tex
+        for part in config["partitions"]:
+            assert part in md and part.replace("_", r"\_") in tex
+        assert r"\toprule" in tex and r"\bottomrule" in tex
+    table = pd.read_csv(out / "tables" / "accuracy.csv", comment="#")
+    rows = set(zip(table["label"], table["kind"]))
+    assert rows == {("local", "personal"), ("fedavg", "global"), ("fedavg_ft", "global"), ("fedavg_ft", "personal")}
+    summary = pd.read_csv(out / "summary.csv")
+    assert len(summary[summary.kind.isin(["global", "personal"])]) == 2 * 2 * 4  # partitions x seeds x (label, kind)
+
+
+def test_plots_and_report_cover_every_panel(e2e):
+    config = yaml.safe_load(TEST_CONFIG.read_text())
+    out = e2e / "results" / "test"
+    report = (out / "report.html").read_text()
+    for part in config["partitions"]:
+        for kind in ("curves", "clients"):
+            png = out / "plots" / f"{kind}_digits_{part}.png"
+            assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+            assert png.name in report
+    for manifest in (e2e / "results" / "shards" / "digits").glob("*/manifest.json"):
+        assert (manifest.parent.parent / f"{manifest.parent.name}.png").exists()
+        assert f"{manifest.parent.name}.png" in report
+    assert "accuracy.csv" in report
+
+
+def test_rerun_plans_nothing(e2e):
+    proc = snakemake("--configfile", str(TEST_CONFIG), "-n", cwd=e2e)
+    assert "Nothing to be done" in proc.stdout + proc.stderr
+
+
+def test_lint_is_clean(tmp_path):
+    snakemake("--lint", cwd=REPO)
+    snakemake("--lint", "--configfile", str(TEST_CONFIG), cwd=REPO)
+
+
+@pytest.mark.parametrize("profile", ["local", "slurm"])
+def test_dry_run_with_each_profile(tmp_path, profile):
+    proc = snakemake("-n", "--configfile", str(TEST_CONFIG), "--workflow-profile", str(REPO / "workflow/profiles" / profile), cwd=tmp_path)
+    text = proc.stdout + proc.stderr
+    assert "train" in text and "12" in text  # 12 training jobs planned
+
+
+def test_default_experiment_plans_one_job_per_cell(tmp_path):
+    proc = snakemake("-n", "--workflow-profile", str(REPO / "workflow/profiles/local"), cwd=tmp_path)
+    text = proc.stdout + proc.stderr
+    assert "results/default/runs/fmnist/dir0.1/fedavg_ft/seed0/metrics.json" in text
+    assert "prepare_data" in text and "partition" in text
+
+
+def test_bad_config_stops_before_any_job(tmp_path):
+    bad = yaml.safe_load(TEST_CONFIG.read_text())
+    bad["training"]["participation"] = 1.5
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(bad))
+    proc = snakemake("--configfile", str(path), "--cores", "1", cwd=tmp_path, check=False)
+    assert proc.returncode != 0
+    assert "participation" in proc.stderr and "1.5" in proc.stderr and "allowed" in proc.stderr
+    assert not (tmp_path / "results").exists()
