@@ -59,8 +59,10 @@ def test_default_config_cells_carry_resolved_defaults():
     assert ft["hparams"]["ft_lr"] == defaults["ft_lr"] == 0.05  # resolved default
     assert set(ft["hparams"]) == set(defaults)
     t = cells["fedavg"]["training"]
-    assert t["rounds"] == 12 and t["participation"] == 0.25
-    assert t["optimizer"] == {**TRAINING_DEFAULTS["optimizer"], "lr": 0.01}  # merged, not replaced
+    raw = load_config(CONFIG)["training"]
+    assert t["rounds"] == raw["rounds"] and t["participation"] == raw["participation"]
+    assert t["optimizer"] == {**TRAINING_DEFAULTS["optimizer"], **raw["optimizer"]}  # merged, not replaced
+    assert "momentum" not in raw["optimizer"]
     assert t["eval_batch_size"] == TRAINING_DEFAULTS["eval_batch_size"]
     assert cells["fedavg"]["model"] == {"name": "fedavg_cnn", "params": {"hidden": 512}}
     part = out["partitions"][0]["spec"]

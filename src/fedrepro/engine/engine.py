@@ -365,7 +365,7 @@ class _progress:
         if not self.enabled:
             return
         if headline:
-            self.last = headline
+            self.last = f"{headline} (evaluated at round {r})"
         text = f"loss {loss:.4f}" + (f", {self.last}" if self.last else "")
         if self.bar is not None:
             self.bar.set_postfix_str(text, refresh=False)

@@ -6,6 +6,7 @@ fixed jitter seeds, so the same inputs give byte-identical PNGs on one machine.
 
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 
 import matplotlib
@@ -159,8 +160,8 @@ def plot_partition(manifest: dict, out_path: str | Path) -> None:
     n, k = counts.shape
     ids = [c.get("id", i) for i, c in enumerate(manifest.get("clients") or [])]
     params = ", ".join(f"{key}={val}" for key, val in sorted((manifest.get("params") or {}).items()))
-    title = (f"{manifest.get('dataset', '?')}: {manifest.get('partitioner', '?')}({params}), "
-             f"seed {manifest.get('seed', '?')}, {n} clients")
+    title = textwrap.fill(f"{manifest.get('dataset', '?')}: {manifest.get('partitioner', '?')}({params}), "
+                          f"seed {manifest.get('seed', '?')}, {n} clients", width=80)
     cmap = plt.get_cmap("tab10" if k <= 10 else "tab20" if k <= 20 else "viridis")
     if n <= _MAX_BAR_CLIENTS:
         fig, ax = plt.subplots(figsize=(9, max(3.0, 0.28 * n + 1.5)), layout="constrained")
