@@ -5,13 +5,30 @@ from __future__ import annotations
 import copy
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from fedrepro.config import resolve_experiment
+from fedrepro.data.base import RawDataset
 from fedrepro.data.datasets import load_dataset
 from fedrepro.data.shards import write_partition
 
 REPO = Path(__file__).resolve().parents[1]
+
+
+def random_images(n: int = 600, num_classes: int = 10, seed: int = 0, test_share: float = 0.2) -> RawDataset:
+    """uint8 images (N, 1, 4, 4) with random labels; about `test_share` of the rows in the official test set."""
+    g = np.random.default_rng(seed)
+    return RawDataset(
+        name="random_images",
+        x=g.integers(0, 256, (n, 1, 4, 4), dtype=np.uint8),
+        y=g.integers(0, num_classes, n),
+        num_classes=num_classes,
+        official_split=(g.random(n) < test_share).astype(np.int8),
+        mean=(0.5,),
+        std=(0.25,),
+        source="generated in the test",
+    )
 
 
 def tiny_config(**training) -> dict:

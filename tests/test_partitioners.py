@@ -18,6 +18,7 @@ from fedrepro.data.partitioners import (
 )
 from fedrepro.data.shards import make_partition
 from fedrepro.registry import ConfigError
+from conftest import random_images
 
 NUM_CLASSES = 10
 
@@ -26,18 +27,7 @@ NUM_CLASSES = 10
 
 
 def make_raw(n: int = 600, num_classes: int = NUM_CLASSES, seed: int = 0) -> RawDataset:
-    """uint8 images (N, 1, 4, 4), random labels, about a sixth of the rows in the official test set."""
-    g = np.random.default_rng(seed)
-    return RawDataset(
-        name="synthetic_test",
-        x=g.integers(0, 256, (n, 1, 4, 4), dtype=np.uint8),
-        y=g.integers(0, num_classes, n),
-        num_classes=num_classes,
-        official_split=(g.random(n) < 0.17).astype(np.int8),
-        mean=(0.5,),
-        std=(0.25,),
-        source="generated in the test",
-    )
+    return random_images(n, num_classes, seed, test_share=0.17)
 
 
 @pytest.fixture(scope="module")

@@ -13,6 +13,7 @@ import pytest
 
 from fedrepro.data import shards
 from fedrepro.data.base import RawDataset
+from conftest import random_images
 from fedrepro.data.shards import (
     MANIFEST,
     SPLITS,
@@ -29,17 +30,7 @@ NUM_CLASSES = 10
 
 
 def make_images(n: int = 600, seed: int = 0) -> RawDataset:
-    g = np.random.default_rng(seed)
-    return RawDataset(
-        name="synthetic_images",
-        x=g.integers(0, 256, (n, 1, 4, 4), dtype=np.uint8),
-        y=g.integers(0, NUM_CLASSES, n),
-        num_classes=NUM_CLASSES,
-        official_split=(g.random(n) < 0.2).astype(np.int8),
-        mean=(0.5,),
-        std=(0.25,),
-        source="generated in the test",
-    )
+    return random_images(n, NUM_CLASSES, seed)
 
 
 def make_features(n: int = 300, seed: int = 1) -> RawDataset:

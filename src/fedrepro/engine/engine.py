@@ -74,7 +74,8 @@ def lr_at(schedule: dict[str, Any], base_lr: float, round: int) -> float:
 
 def sampling_schedule(num_clients: int, participation: float | int, rounds: int, seed: int) -> list[list[int]]:
     """The clients of every round, drawn once from the seed: the same for every method."""
-    m = participation if isinstance(participation, int) and not isinstance(participation, bool) and participation >= 1 and not isinstance(participation, float) else max(1, int(round(participation * num_clients)))
+    # An integer is a count of clients, a float a fraction of them (1 = one client, 1.0 = all).
+    m = participation if isinstance(participation, int) else max(1, int(round(participation * num_clients)))
     m = min(m, num_clients)
     rng = np.random.default_rng(derive_seed(seed, "client-sampling"))
     return [sorted(rng.choice(num_clients, size=m, replace=False).tolist()) for _ in range(rounds)]
@@ -94,6 +95,7 @@ class Engine:
         self.progress = progress
         self.round = 0
         self._stream = 0
+        self._pooled_cache: dict[str, torch.Tensor] = {}
         torch.manual_seed(derive_seed(self.seed, "model-init"))
         self.model: SplitModel = build_model(cell["model"]["name"], manifest["sample_shape"], self.num_classes, cell["model"].get("params")).to(device)
         self.augment = AUGMENTATIONS[self.training["augment"]]
@@ -147,9 +149,9 @@ class Engine:
         n = len(data)
         trainable = tuple(trainable)
         named = list(self.model.named_parameters())
-        params = [p for name, p in named if name.startswith(trainable)]
-        frozen = [p for name, p in named if not name.startswith(trainable)]
-        for p in frozen:
+        params = [p for name, p in named if name.startswith(trainable) and p.requires_grad]
+        frozen = [p for name, p in named if not name.startswith(trainable) and p.requires_grad]
+        for p in frozen:  # no gradients for the frozen part: cheaper, and the optimizer never sees it
             p.requires_grad_(False)
         opt_cfg = t["optimizer"]
         opt = OPTIMIZERS[opt_cfg["name"]](params, self.lr if lr is None else lr, opt_cfg["momentum"], opt_cfg["weight_decay"])
@@ -229,6 +231,13 @@ class Engine:
         yt = y.cpu().numpy()
         return accuracy(yt, pred), macro_f1(yt, pred)
 
+    def _pooled(self, split: str) -> torch.Tensor:
+        """All clients' inputs of one split in client order, concatenated once and cached:
+        the global model is scored on every client in a single batched pass."""
+        if split not in self._pooled_cache:
+            self._pooled_cache[split] = torch.cat([getattr(c, split).x for c in self.clients])
+        return self._pooled_cache[split]
+
     def evaluate(self) -> dict[str, Any]:
         """Per-client accuracy and macro-F1 of the global and personalized models on each
         client's own test split (and validation split, where there is one)."""
@@ -238,8 +247,7 @@ class Engine:
         global_params = method.global_params() if method.has_global else None
         for split in splits:
             if global_params is not None:
-                xs = torch.cat([getattr(c, split).x for c in self.clients])
-                pred = self.predict(global_params, xs)
+                pred = self.predict(global_params, self._pooled(split))
                 bounds = np.cumsum([0] + [len(getattr(c, split)) for c in self.clients])
                 scores = [self._scores(getattr(c, split).y, pred[a:b]) for c, a, b in zip(self.clients, bounds[:-1], bounds[1:])]
                 record[f"{split}/global"] = {"acc": [s[0] for s in scores], "f1": [s[1] for s in scores]}
@@ -256,13 +264,13 @@ class Engine:
 
     # -- checkpoints ------------------------------------------------------------------------
     def cell_key(self) -> str:
-        return short_hash({k: v for k, v in self.cell.items() if k not in ("training_runtime",)})
+        return short_hash(self.cell)
 
-    def save_checkpoint(self, history: list, comm: dict) -> None:
+    def save_checkpoint(self, history: list, per_round: dict) -> None:
         if self.checkpoint_path is None:
             return
         state = {"cell_key": self.cell_key(), "round": self.round, "server": self.method.server,
-                 "clients": {c.id: c.state for c in self.clients}, "history": history, "comm": comm}
+                 "clients": {c.id: c.state for c in self.clients}, "history": history, "per_round": per_round}
         with atomic_path(self.checkpoint_path) as tmp:
             torch.save(state, tmp)
 
@@ -277,7 +285,7 @@ class Engine:
         self.method.server = state["server"]
         for c in self.clients:
             c.state = state["clients"].get(c.id, {})
-        return state["round"], state["history"], state["comm"]
+        return state["round"], state["history"], state["per_round"]
 
     # -- the loop ------------------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
@@ -287,11 +295,11 @@ class Engine:
         train_time = eval_time = 0.0
         self.method.setup()
         history: list[dict] = []
-        comm = {"up": [], "down": []}
+        per_round = {"up": [], "down": [], "train_loss": []}  # bytes and mean training loss of every round
         start = 1
         resumed = self.load_checkpoint()
         if resumed is not None:
-            done, history, comm = resumed
+            done, history, per_round = resumed
             start = done + 1
             print(f"[fedrepro] resuming from the checkpoint after round {done}", file=sys.stderr)
         bar = _progress(rounds, start - 1, self.progress)
@@ -311,10 +319,11 @@ class Engine:
                 up += payload_bytes(update.params) + payload_bytes(update.extras)
                 updates.append(update)
             self.method.aggregate(updates)
-            comm["up"].append(up)
-            comm["down"].append(down)
             n = sum(u.num_samples for u in updates)
             train_loss = sum(u.loss * u.num_samples for u in updates) / max(n, 1)
+            per_round["up"].append(up)
+            per_round["down"].append(down)
+            per_round["train_loss"].append(train_loss)
             t2 = time.perf_counter()
             train_time += t2 - t1
             if r % t["eval_every"] == 0 or r == rounds:
@@ -326,7 +335,7 @@ class Engine:
             else:
                 bar.update(r, None, train_loss)
             if r % t["checkpoint_every"] == 0 and r < rounds:
-                self.save_checkpoint(history, comm)
+                self.save_checkpoint(history, per_round)
         bar.close()
         resources = {
             "wall_time_s": time.perf_counter() - t0,
@@ -337,7 +346,7 @@ class Engine:
             "device": str(self.device),
             "resumed_from_round": start - 1,
         }
-        return build_metrics(self.cell, self.clients, history, comm, resources)
+        return build_metrics(self.cell, self.clients, history, per_round, resources)
 
 
 def _headline(record: dict) -> str:
@@ -396,7 +405,7 @@ def summaries(record: dict, split: str, weights: list[int]) -> dict[str, dict[st
     return out
 
 
-def build_metrics(cell: dict, clients: list[Client], history: list[dict], comm: dict, resources: dict) -> dict[str, Any]:
+def build_metrics(cell: dict, clients: list[Client], history: list[dict], per_round: dict, resources: dict) -> dict[str, Any]:
     """metrics.json: the last round's per-client scores and aggregates (never the best
     round on test data), curves every k rounds, best-on-validation as an extra."""
     test_sizes = [len(c.test) for c in clients]
@@ -409,7 +418,7 @@ def build_metrics(cell: dict, clients: list[Client], history: list[dict], comm: 
     for name in summary:
         curves[name] = {s: _clean([summaries(h, "test", test_sizes)[name][s] for h in history]) for s in STATS}
     best_val = None
-    if any(val_sizes) and "val/global" in last or "val/personal" in last:
+    if "val/global" in last or "val/personal" in last:
         kind = "personal" if "val/personal" in last else "global"
         val_acc = [summarize(h[f"val/{kind}"]["acc"], val_sizes)["weighted_mean"] for h in history]
         best = int(np.nanargmax(val_acc))
@@ -428,7 +437,8 @@ def build_metrics(cell: dict, clients: list[Client], history: list[dict], comm: 
         "summary": summary,
         "best_val": best_val,
         "curves": curves,
-        "communication": {"bytes_up_per_round": comm["up"], "bytes_down_per_round": comm["down"],
-                          "bytes_up_total": int(sum(comm["up"])), "bytes_down_total": int(sum(comm["down"]))},
+        "train_loss_per_round": per_round["train_loss"],
+        "communication": {"bytes_up_per_round": per_round["up"], "bytes_down_per_round": per_round["down"],
+                          "bytes_up_total": int(sum(per_round["up"])), "bytes_down_total": int(sum(per_round["down"]))},
         "resources": resources,
     }
