@@ -63,23 +63,13 @@ def main() -> None:
     clients = load_clients(manifest, shards, device)
     n_train = sum(c.num_train for c in clients)
 
-    # Federated: the engine's own loop (sampling, parameter swaps, aggregation), no evaluation timed.
+    # Federated: the engine's own loop (sampling, broadcast, parameter swaps, local SGD,
+    # aggregation, byte counting); its training time excludes the one final evaluation.
     engine = Engine(cell, manifest, clients, device, progress=False)
-    engine.method.setup()
-    t0 = time.perf_counter()
-    for r in range(1, args.rounds + 1):
-        engine.round = r
-        updates = []
-        for cid in engine.schedule[r - 1]:
-            engine._stream = 0
-            updates.append(engine.method.local_update(clients[cid], engine.method.broadcast(clients[cid])))
-        engine.method.aggregate(updates)
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    fed_time = time.perf_counter() - t0
+    fed_time = engine.run()["resources"]["train_time_s"]
     fed_sps = n_train * args.rounds / fed_time
 
-    # Centralized: the same samples pooled, the same model and batch size, a plain loop.
+    # Centralized: the same samples pooled, the same model, batch size and epochs, a plain loop.
     x = torch.cat([c.train.x for c in clients])
     y = torch.cat([c.train.y for c in clients])
     torch.manual_seed(0)

@@ -227,3 +227,19 @@ def test_progress_shows_rounds_and_accuracy(tiny_partition, make_cell, tmp_path,
     err = capfd.readouterr().err
     assert "training cell unit/digits/dir/fedavg/seed0" in err
     assert "round 2/2" in err and "global acc" in err
+
+
+def test_crop_flip_augmentation_is_a_seeded_shifted_window():
+    from fedrepro.engine.data import AUGMENTATIONS
+
+    aug = AUGMENTATIONS["crop_flip"]
+    x = torch.arange(2 * 3 * 8 * 8, dtype=torch.float32).reshape(2, 3, 8, 8) + 1
+    a = aug(x, torch.Generator().manual_seed(0))
+    assert a.shape == x.shape
+    assert torch.equal(a, aug(x, torch.Generator().manual_seed(0)))
+    for i in range(2):  # each output is a (possibly flipped) 8x8 window of the zero-padded input
+        padded = torch.nn.functional.pad(x[i], (4, 4, 4, 4))
+        windows = [padded[:, r : r + 8, c : c + 8] for r in range(9) for c in range(9)]
+        assert any(torch.equal(a[i], w) or torch.equal(a[i], w.flip(-1)) for w in windows)
+    outs = {tuple(aug(x, torch.Generator().manual_seed(s))[0, 0, 0].tolist()) for s in range(10)}
+    assert len(outs) > 1  # the crop really moves

@@ -59,15 +59,16 @@ def load_clients(manifest: dict, shards: list[ClientShard], device: torch.device
 
 
 def _crop_flip(x: torch.Tensor, g: torch.Generator, padding: int = 4) -> torch.Tensor:
-    """Random crop with zero padding + horizontal flip, for a whole batch on the device."""
-    n, _, h, w = x.shape
+    """Random crop with zero padding + horizontal flip of a whole batch, as one gather
+    on the batch's device (no per-sample Python loop)."""
+    n, c, h, w = x.shape
     padded = torch.nn.functional.pad(x, (padding,) * 4)
-    dx = torch.randint(0, 2 * padding + 1, (n,), generator=g, device="cpu").tolist()
-    dy = torch.randint(0, 2 * padding + 1, (n,), generator=g, device="cpu").tolist()
-    out = torch.stack([padded[i, :, dy[i] : dy[i] + h, dx[i] : dx[i] + w] for i in range(n)])
-    flip = torch.rand(n, generator=g, device="cpu") < 0.5
-    out[flip.to(x.device)] = out[flip.to(x.device)].flip(-1)
-    return out
+    offsets = torch.randint(0, 2 * padding + 1, (2, n), generator=g).to(x.device)
+    rows = (offsets[0][:, None] + torch.arange(h, device=x.device))[:, None, :, None]
+    cols = (offsets[1][:, None] + torch.arange(w, device=x.device))[:, None, None, :]
+    out = padded[torch.arange(n, device=x.device)[:, None, None, None], torch.arange(c, device=x.device)[None, :, None, None], rows, cols]
+    flip = (torch.rand(n, generator=g) < 0.5).to(x.device)[:, None, None, None]
+    return torch.where(flip, out.flip(-1), out)
 
 
 AUGMENTATIONS = {

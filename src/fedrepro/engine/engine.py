@@ -331,7 +331,7 @@ class Engine:
                 record["train_loss"] = train_loss
                 history.append(record)
                 eval_time += time.perf_counter() - t2
-                bar.update(r, _headline(record), train_loss)
+                bar.update(r, _headline(record, [len(c.test) for c in self.clients]), train_loss)
             else:
                 bar.update(r, None, train_loss)
             if r % t["checkpoint_every"] == 0 and r < rounds:
@@ -349,13 +349,9 @@ class Engine:
         return build_metrics(self.cell, self.clients, history, per_round, resources)
 
 
-def _headline(record: dict) -> str:
-    parts = []
-    for kind in ("global", "personal"):
-        if f"test/{kind}" in record:
-            acc = np.nanmean(record[f"test/{kind}"]["acc"])
-            parts.append(f"{kind} acc {acc:.4f}")
-    return ", ".join(parts)
+def _headline(record: dict, test_sizes: list[int]) -> str:
+    stats = summaries(record, "test", test_sizes)
+    return ", ".join(f"{kind} acc {stats[f'{kind}_acc']['weighted_mean']:.4f}" for kind in ("global", "personal") if f"{kind}_acc" in stats)
 
 
 class _progress:
