@@ -17,7 +17,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Iterator
 
 import numpy as np
 import torch
@@ -124,6 +124,36 @@ class Engine:
         return torch.Generator().manual_seed(derive_seed(self.seed, *keys))
 
     # -- local training -------------------------------------------------------------------
+    def batches(self, client: Client, *, epochs: int | None = None, batch_size: int | None = None,
+                split: str = "train", max_steps: int | None = None) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """(x, y) mini-batches of a client's split: index slices of the tensors already on
+        the device, in a seeded order (one stream per round, client and call), augmented
+        on the device. Methods with their own inner loops (pFedMe, Per-FedAvg, APFL) use
+        this; `fit` is built on it."""
+        t = self.training
+        epochs = t["local_epochs"] if epochs is None else epochs
+        batch_size = batch_size or t["batch_size"]
+        data: Split = getattr(client, split)
+        n = len(data)
+        g = self.generator("batches", self.round, client.id, self._stream)
+        self._stream += 1
+        stop = n - n % batch_size if t["drop_last"] and n >= batch_size else n
+        steps = 0
+        for _ in range(epochs):
+            perm = torch.randperm(n, generator=g).to(self.device)
+            for start in range(0, stop, batch_size):
+                if max_steps is not None and steps >= max_steps:
+                    return
+                idx = perm[start : start + batch_size]
+                x, y = data.x[idx], data.y[idx]
+                yield (self.augment(x, g) if self.augment is not None else x), y
+                steps += 1
+
+    def optimizer(self, params: Iterable[torch.Tensor], lr: float | None = None) -> torch.optim.Optimizer:
+        """A fresh optimizer of the configured kind over `params` at the round's learning rate."""
+        cfg = self.training["optimizer"]
+        return OPTIMIZERS[cfg["name"]](list(params), self.lr if lr is None else lr, cfg["momentum"], cfg["weight_decay"])
+
     def fit(
         self,
         client: Client,
@@ -133,6 +163,7 @@ class Engine:
         lr: float | None = None,
         batch_size: int | None = None,
         split: str = "train",
+        max_steps: int | None = None,
         loss_fn: Callable[[Batch], torch.Tensor] | None = None,
         before_step: Callable[[SplitModel], None] | None = None,
     ) -> FitResult:
@@ -140,51 +171,49 @@ class Engine:
 
         Only parameters whose names start with `trainable` are updated (the rest are
         frozen: FedRep, FedBABU, ...). `loss_fn(batch)` replaces cross-entropy (e.g. to add
-        a proximal or contrastive term); `before_step(model)` may edit gradients (SCAFFOLD).
+        a proximal or contrastive term); `before_step(model)` may edit gradients (SCAFFOLD,
+        FedProx); `max_steps` stops early (Per-FedAvg's one-step adaptation).
         """
-        t = self.training
-        epochs = t["local_epochs"] if epochs is None else epochs
-        batch_size = batch_size or t["batch_size"]
-        data: Split = getattr(client, split)
-        n = len(data)
         trainable = tuple(trainable)
         named = list(self.model.named_parameters())
         params = [p for name, p in named if name.startswith(trainable) and p.requires_grad]
         frozen = [p for name, p in named if not name.startswith(trainable) and p.requires_grad]
         for p in frozen:  # no gradients for the frozen part: cheaper, and the optimizer never sees it
             p.requires_grad_(False)
-        opt_cfg = t["optimizer"]
-        opt = OPTIMIZERS[opt_cfg["name"]](params, self.lr if lr is None else lr, opt_cfg["momentum"], opt_cfg["weight_decay"])
-        g = self.generator("batches", self.round, client.id, self._stream)
-        self._stream += 1
+        opt = self.optimizer(params, lr)
         model = self.model
         model.train()
         total = torch.zeros((), device=self.device)
         seen, steps = 0, 0
-        stop = n - n % batch_size if t["drop_last"] and n >= batch_size else n
         try:
-            for _ in range(epochs):
-                perm = torch.randperm(n, generator=g).to(self.device)
-                for start in range(0, stop, batch_size):
-                    idx = perm[start : start + batch_size]
-                    x, y = data.x[idx], data.y[idx]
-                    if self.augment is not None:
-                        x = self.augment(x, g)
-                    feats = model.extractor(x)
-                    logits = model.head(feats)
-                    loss = F.cross_entropy(logits, y) if loss_fn is None else loss_fn(Batch(x, y, feats, logits))
-                    opt.zero_grad(set_to_none=True)
-                    loss.backward()
-                    if before_step is not None:
-                        before_step(model)
-                    opt.step()
-                    total += loss.detach() * len(y)
-                    seen += len(y)
-                    steps += 1
+            for x, y in self.batches(client, epochs=epochs, batch_size=batch_size, split=split, max_steps=max_steps):
+                feats = model.extractor(x)
+                logits = model.head(feats)
+                loss = F.cross_entropy(logits, y) if loss_fn is None else loss_fn(Batch(x, y, feats, logits))
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                if before_step is not None:
+                    before_step(model)
+                opt.step()
+                total += loss.detach() * len(y)
+                seen += len(y)
+                steps += 1
         finally:
             for p in frozen:
                 p.requires_grad_(True)
         return FitResult(float(total) / max(seen, 1), steps)
+
+    def forward_with(self, params: dict[str, torch.Tensor], x: torch.Tensor, features: bool = False) -> torch.Tensor:
+        """The model object's output (or representation) with `params` in place of its
+        own, without copying them in: for methods that need a second model in the same
+        step (APFL's mixture, MOON's global and previous representations). Gradients flow
+        to `params` where they require them."""
+        from torch.func import functional_call
+
+        full = {**self.model.state_dict(), **params}
+        if features:
+            return functional_call(self.model.extractor, {k[len("extractor."):]: v for k, v in full.items() if k.startswith("extractor.")}, (x,))
+        return functional_call(self.model, full, (x,))
 
     @torch.no_grad()
     def features(self, x: torch.Tensor) -> torch.Tensor:
