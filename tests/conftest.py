@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from fedrepro.config import resolve_experiment
 from fedrepro.data.base import RawDataset
@@ -14,6 +15,9 @@ from fedrepro.data.datasets import load_dataset
 from fedrepro.data.shards import write_partition
 
 REPO = Path(__file__).resolve().parents[1]
+
+# Tiny models on 2 shared cores: one thread avoids oversubscription (much faster here).
+torch.set_num_threads(1)
 
 
 def random_images(n: int = 600, num_classes: int = 10, seed: int = 0, test_share: float = 0.2) -> RawDataset:

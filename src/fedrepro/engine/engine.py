@@ -95,6 +95,7 @@ class Engine:
         self.progress = progress
         self.round = 0
         self._stream = 0
+        self._batch_purpose = "batches"  # "eval-batches" while personalized models are computed
         self._pooled_cache: dict[str, torch.Tensor] = {}
         torch.manual_seed(derive_seed(self.seed, "model-init"))
         self.model: SplitModel = build_model(cell["model"]["name"], manifest["sample_shape"], self.num_classes, cell["model"].get("params")).to(device)
@@ -135,7 +136,7 @@ class Engine:
         batch_size = batch_size or t["batch_size"]
         data: Split = getattr(client, split)
         n = len(data)
-        g = self.generator("batches", self.round, client.id, self._stream)
+        g = self.generator(self._batch_purpose, self.round, client.id, self._stream)
         self._stream += 1
         stop = n - n % batch_size if t["drop_last"] and n >= batch_size else n
         steps = 0
@@ -283,7 +284,13 @@ class Engine:
         if method.has_personal:
             per = {s: [] for s in splits}
             for c in self.clients:
-                params = method.personal_params(c)
+                # A personalized model that trains (fine-tuning) draws its batches from its own
+                # stream per (round, client): independent of training and of evaluation order.
+                self._batch_purpose, self._stream = "eval-batches", 0
+                try:
+                    params = method.personal_params(c)
+                finally:
+                    self._batch_purpose = "batches"
                 for split in splits:
                     data = getattr(c, split)
                     per[split].append(self._scores(data.y, self.predict(params, data.x)))

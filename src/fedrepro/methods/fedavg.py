@@ -19,6 +19,14 @@ class FedAvg(Method):
     paper = "McMahan et al., AISTATS 2017"
 
     def local_update(self, client, payload):
-        self.engine.set_params(payload)
-        fit = self.engine.fit(client)
+        self.engine.set_params(self.start_params(client, payload))
+        fit = self.engine.fit(client, **self.fit_options(client, payload))
         return Update(client.id, client.num_train, self.engine.get_params(self.shared), loss=fit.loss)
+
+    # Hooks for the many methods that are "FedAvg, but ...": where local training starts,
+    # and extra `engine.fit` options (a loss term, a gradient correction).
+    def start_params(self, client, payload):
+        return payload
+
+    def fit_options(self, client, payload) -> dict:
+        return {}

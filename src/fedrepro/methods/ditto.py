@@ -1,0 +1,52 @@
+"""Ditto (Li, Hu, Beirami, Smith, "Ditto: Fair and Robust Federated Learning Through
+Personalization", ICML 2021), Algorithm 1.
+
+Each sampled client k, given the global model w^t:
+  1. trains its personal model v_k (kept on the client; first time: a copy of w^t) for
+     `personal_epochs` of SGD on CE + (lambda/2)||v_k - w^t||^2, i.e. the gradient step
+     v_k <- v_k - lr * (grad F_k(v_k) + lambda (v_k - w^t)) (PFLlib's PerturbedGradientDescent);
+  2. trains a copy of w^t by FedAvg local SGD (local_epochs) and uploads it.
+The server averages the uploads (FedAvg). Two separate columns are reported: the FedAvg
+global model (global) and v_k (personal); they are never mixed (PFLlib mixes them,
+../shared/reference/anchors.md §2.1).
+"""
+
+from __future__ import annotations
+
+from . import register
+from ..registry import Param
+from ._helpers import proximal_hook
+from .fedavg import FedAvg
+
+
+@register
+class Ditto(FedAvg):
+    name = "ditto"
+    summary = "Ditto: FedAvg global model + per-client personal model pulled towards it by lambda/2 ||v - w||^2"
+    paper = "Li, Hu, Beirami, Smith, ICML 2021"
+    hparams = {
+        # The paper tunes lambda in {0.01, 0.1, 1, 2}; FL-bench lambda 1, Plato ditto_lambda 1.0
+        # (PFLlib's mu defaults to 0 and must be set): methods.md §6.
+        "lam": Param(1.0, "lambda: weight of the pull (lambda/2)||v - w_global||^2 on the personal model (FL-bench, Plato)",
+                     float, minimum=0),
+        "personal_epochs": Param(1, "epochs of personal-model training per round (PFLlib plocal_epochs, FL-bench pers_epoch)",
+                                 int, minimum=1),
+    }
+    has_personal = True
+
+    def local_update(self, client, payload):
+        self.train_personal(client, payload)
+        return super().local_update(client, payload)  # the global model: plain FedAvg
+
+    def train_personal(self, client, global_params, max_steps=None):
+        """Personal epochs on CE from the client's previous v (first time: the global model),
+        pulled towards the received global model w^t (the anchor stays fixed all round)."""
+        self.engine.set_params(client.state.get("v", global_params))
+        fit = self.engine.fit(client, epochs=self.hp["personal_epochs"], max_steps=max_steps,
+                              before_step=proximal_hook(global_params, self.hp["lam"]))
+        client.state["v"] = self.engine.get_params()
+        return fit
+
+    def personal_params(self, client):
+        # A client never sampled has no v yet: it would start from the global model.
+        return client.state.get("v", self.server["global"])

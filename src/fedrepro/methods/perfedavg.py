@@ -1,0 +1,117 @@
+"""Per-FedAvg (Fallah, Mokhtari, Ozdaglar, "Personalized Federated Learning with Theoretical
+Guarantees: A Model-Agnostic Meta-Learning Approach", NeurIPS 2020), Algorithm 1.
+
+Each sampled client starts from the global model w and, per group of independent batches
+D1, D2 (, D3), takes the MAML step on F(w) = f(w - alpha grad f(w)):
+  temporary   w' = w - alpha * grad f(w; D1)
+  FO          w <- w - beta * grad f(w'; D2)
+  HF          w <- w - beta * (I - alpha * H(w; D3)) grad f(w'; D2)
+and uploads w; the server averages (FedAvg). The personalized model (personal column) is
+the global model after one adaptation step w - alpha * grad f(w; D) on a batch of the
+client's own train split; the global column is the global model itself.
+
+Choices: H(w; D3) v is the exact Hessian-vector product by double back-propagation (the
+paper's HF variant estimates it by finite differences, which approximate the same
+quantity). Like PFLlib, each group of batches is one drawn batch of 2 (FO) or 3 (HF) times
+the configured batch size, split into equal parts. The steps are plain SGD with alpha and
+beta (the paper's updates): the configured optimizer and learning rate are not used.
+PFLlib adapts the evaluated model on a *test* batch; here adaptation only sees train data.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+import torch.nn.functional as F
+
+from . import register
+from ..registry import Param
+from .base import Update
+from .fedavg import FedAvg
+
+Batch = tuple[torch.Tensor, torch.Tensor]
+
+
+def loss_and_grads(model: torch.nn.Module, params: list[torch.Tensor], batch: Batch, create_graph: bool = False):
+    loss = F.cross_entropy(model(batch[0]), batch[1])
+    return loss, torch.autograd.grad(loss, params, create_graph=create_graph)
+
+
+def sgd_step(model: torch.nn.Module, params: list[torch.Tensor], batch: Batch, lr: float) -> torch.Tensor:
+    """w <- w - lr * grad f(w; batch) in place; returns f(w; batch)."""
+    loss, grads = loss_and_grads(model, params, batch)
+    with torch.no_grad():
+        for p, g in zip(params, grads):
+            p.sub_(lr * g)
+    return loss.detach()
+
+
+def hessian_vector_product(model: torch.nn.Module, params: list[torch.Tensor], batch: Batch,
+                           vector: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
+    """H(w; batch) @ vector by double back-propagation (exact, no finite-difference step)."""
+    _, grads = loss_and_grads(model, params, batch, create_graph=True)
+    return torch.autograd.grad(grads, params, grad_outputs=list(vector))
+
+
+def meta_step(model: torch.nn.Module, batches: Sequence[Batch], alpha: float, beta: float, hessian_free: bool) -> torch.Tensor:
+    """One Per-FedAvg update of the model's parameters in place (FO: 2 batches, HF: 3).
+    Returns the loss of w on D1."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    w = [p.detach().clone() for p in params]
+    loss = sgd_step(model, params, batches[0], alpha)  # the temporary model w' = w - alpha grad f(w; D1)
+    _, meta_grads = loss_and_grads(model, params, batches[1])  # grad f(w'; D2)
+    with torch.no_grad():
+        for p, w0 in zip(params, w):
+            p.copy_(w0)
+    if hessian_free:  # the second-order correction at w: (I - alpha H(w; D3)) grad f(w'; D2)
+        hv = hessian_vector_product(model, params, batches[2], meta_grads)
+        meta_grads = [g - alpha * h for g, h in zip(meta_grads, hv)]
+    with torch.no_grad():
+        for p, g in zip(params, meta_grads):
+            p.sub_(beta * g)
+    return loss
+
+
+@register
+class PerFedAvg(FedAvg):
+    name = "perfedavg"
+    summary = "Per-FedAvg: MAML-style local steps (FO or Hessian-free); personalized = global + one alpha step"
+    paper = "Fallah, Mokhtari, Ozdaglar, NeurIPS 2020"
+    hparams = {
+        "alpha": Param(0.01, "alpha: step size of the temporary / adaptation step (Plato 0.01; PFLlib alpha = lr)",
+                       float, exclusive_minimum=0),
+        "beta": Param(0.001, "beta: meta step size applied to w (Plato 0.001, FL-bench 1e-3; PFLlib beta = lr)",
+                      float, exclusive_minimum=0),
+        "variant": Param("fo", "'fo': first-order MAML gradient; 'hf': Hessian-free with the exact Hessian-vector product",
+                         str, choices=("fo", "hf")),
+    }
+    has_personal = True
+
+    def local_update(self, client, payload):
+        engine, model = self.engine, self.engine.model
+        engine.set_params(payload)
+        model.train()
+        parts = 3 if self.hp["variant"] == "hf" else 2
+        total, seen = torch.zeros((), device=engine.device), 0
+        for x, y in engine.batches(client, batch_size=parts * engine.training["batch_size"]):
+            if len(y) < parts:  # a last batch too small to split
+                continue
+            batches = list(zip(x.tensor_split(parts), y.tensor_split(parts)))
+            loss = meta_step(model, batches, self.hp["alpha"], self.hp["beta"], self.hp["variant"] == "hf")
+            total += loss * len(batches[0][1])
+            seen += len(batches[0][1])
+        return Update(client.id, client.num_train, engine.get_params(self.shared), loss=float(total) / max(seen, 1))
+
+    def personal_params(self, client):
+        """The global model after one alpha step on a batch of the client's train split,
+        drawn from its own seeded stream (evaluation never changes training)."""
+        engine, model = self.engine, self.engine.model
+        data = client.train
+        g = engine.generator("perfedavg-adapt", engine.round, client.id)
+        idx = torch.randperm(len(data), generator=g)[: engine.training["batch_size"]].to(engine.device)
+        x = data.x[idx] if engine.augment is None else engine.augment(data.x[idx], g)
+        engine.set_params(self.server["global"])
+        model.train()
+        sgd_step(model, [p for p in model.parameters() if p.requires_grad], (x, data.y[idx]), self.hp["alpha"])
+        return engine.get_params()
