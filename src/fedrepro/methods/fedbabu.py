@@ -19,7 +19,6 @@ from __future__ import annotations
 
 from ..registry import Param
 from . import register
-from .base import Update
 from .fedavg import FedAvg
 
 
@@ -37,11 +36,12 @@ class FedBABU(FedAvg):
                                    "fine-tunes with the client's training optimizer)", (float, type(None)), exclusive_minimum=0),
     }
 
-    def local_update(self, client, payload):
+    def start_params(self, client, payload):
         # Full parameters: the model object may still hold a fine-tuned head from evaluation.
-        self.engine.set_params({**self.server["global"], **payload})
-        fit = self.engine.fit(client, trainable=self.shared)
-        return Update(client.id, client.num_train, self.engine.get_params(self.shared), loss=fit.loss)
+        return {**self.server["global"], **payload}
+
+    def fit_options(self, client, payload):
+        return {"trainable": self.shared}  # the head stays frozen at its initialisation
 
     def personal_params(self, client):
         self.engine.set_params(self.server["global"])
