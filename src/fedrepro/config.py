@@ -147,12 +147,12 @@ def resolve_experiment(config: dict) -> dict[str, Any]:
             raise ConfigError(f"config key 'methods.{label}': unknown method {method!r}; allowed: {', '.join(METHODS.names())}")
         entry = METHODS.entry(method)
         hp = resolve_params(f"config key 'methods.{label}.hparams' (method '{method}')", entry.params, m.get("hparams"))
-        methods[label] = (method, hp, _merge(base_training, m.get("training")))
+        where = f"methods.{label}.training" if m.get("training") else "training"  # the key an error names
+        methods[label] = (method, hp, _merge(base_training, m.get("training")), where)
     for part in partitions:
         ds = part["dataset"]
-        for label, (method, hp, training) in methods.items():
-            t = resolve_training(training, f"methods.{label}.training" if config["methods"][label] and config["methods"][label].get("training") else "training",
-                                 part["spec"]["num_clients"])
+        for label, (method, hp, training, where) in methods.items():
+            t = resolve_training(training, where, part["spec"]["num_clients"])
             for seed in config["seeds"]:
                 cells.append({
                     "experiment": name, "dataset": ds, "partition": part["label"], "partition_id": part["id"],

@@ -95,10 +95,10 @@ def weighted_average(updates: list[Update], key: str = "params") -> Params:
     if not updates:
         return {}
     total = float(sum(u.num_samples for u in updates))
-    first = getattr(updates[0], key) if key == "params" else updates[0].extras[key]
+    payloads = [u.params if key == "params" else u.extras[key] for u in updates]
     out: Params = {}
-    for name, ref in first.items():
-        tensors = [(getattr(u, key) if key == "params" else u.extras[key])[name] for u in updates]
+    for name, ref in payloads[0].items():
+        tensors = [p[name] for p in payloads]
         if ref.is_floating_point():
             acc = torch.zeros_like(ref)
             for u, t in zip(updates, tensors):
