@@ -31,6 +31,7 @@ TRAINING_DEFAULTS: dict[str, Any] = {
     "optimizer": {"name": "sgd", "lr": 0.005, "momentum": 0.0, "weight_decay": 0.0},
     "lr_schedule": {"name": "constant", "milestones": [], "gamma": 0.1, "values": [], "min_lr": 0.0},
     "eval_every": 1,
+    "global_test": [],  # after training, also evaluate on: "union" (of the clients' test splits), "official" (test set)
     "checkpoint_every": 5,
     "eval_batch_size": 1024,
     "augment": "none",
@@ -85,7 +86,7 @@ def resolve_training(training: dict | None, where: str, num_clients: int | None 
     if isinstance(p, float) and p > 1:
         raise ConfigError(f"config key '{where}.participation' has value {p}; allowed: a fraction in (0, 1] or an integer count >= 1")
     if isinstance(p, int) and num_clients is not None and p > num_clients:
-        raise ConfigError(f"config key '{where}.participation' has value {p}; allowed: at most num_clients = {num_clients}")
+        raise ConfigError(f"config key '{where}.participation' has value {p}; allowed: at most the {num_clients} training clients (num_clients - unseen_clients)")
     s = t["lr_schedule"]
     if s["name"] == "multistep":
         if sorted(s["milestones"]) != list(s["milestones"]) or not s["milestones"]:
@@ -152,7 +153,11 @@ def resolve_experiment(config: dict) -> dict[str, Any]:
     for part in partitions:
         ds = part["dataset"]
         for label, (method, hp, training, where) in methods.items():
-            t = resolve_training(training, where, part["spec"]["num_clients"])
+            spec = part["spec"]
+            t = resolve_training(training, where, spec["num_clients"] - spec["unseen_clients"])
+            if "official" in t["global_test"] and spec["pool"]:
+                raise ConfigError(f"config key '{where}.global_test' has value {t['global_test']}; allowed: 'official' only with "
+                                  f"a partition that keeps the official test set apart (partitions.{part['label']}.pool: false)")
             for seed in config["seeds"]:
                 cells.append({
                     "experiment": name, "dataset": ds, "partition": part["label"], "partition_id": part["id"],

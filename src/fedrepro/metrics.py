@@ -48,3 +48,11 @@ def summarize(values, weights) -> dict[str, float]:
         "max": float(v.max()),
         "worst10": worst_fraction_mean(v),
     }
+
+
+def harmonic_mean(p: float, g: float) -> float:
+    """2pg / (p + g): GRP-FED's per-client combination of personalization P and
+    generalization G (its L is the mean of this over clients); 0 where both are 0."""
+    if math.isnan(p) or math.isnan(g):
+        return math.nan
+    return 0.0 if p + g == 0 else 2 * p * g / (p + g)

@@ -16,6 +16,7 @@ so a crash never leaves something that looks complete.
 
 from __future__ import annotations
 
+import inspect
 import os
 import shutil
 import tempfile
@@ -28,14 +29,16 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from .. import __version__
-from ..io import read_json, sha256_file, short_hash, write_json_atomic
+from ..io import derive_seed, read_json, sha256_file, short_hash, write_json_atomic
 from ..registry import ConfigError, resolve_params
 from .base import RawDataset
 from .partitioners import PARTITIONERS, split_client
 
 SPLITS = ("train", "test", "val")
-FORMAT = "fedrepro.shards/1"
+FORMAT = "fedrepro.shards/2"  # 2: unseen clients, scarcity, the official test set
 MANIFEST = "manifest.json"
+OFFICIAL_TEST = "official_test.parquet"
+MAX_GROUP_IDS = 64  # a client's group ids are listed in the manifest up to this many
 
 
 class ShardChecksumError(RuntimeError):
@@ -70,6 +73,10 @@ def resolve_partition_spec(spec: dict[str, Any]) -> dict[str, Any]:
     pool = spec.get("pool", True)
     if not isinstance(pool, bool):
         raise ConfigError(f"{where}: key 'pool' has value {pool!r}; allowed: true or false")
+    unseen = spec.get("unseen_clients", 0)
+    if not isinstance(unseen, int) or isinstance(unseen, bool) or not 0 <= unseen < num_clients:
+        raise ConfigError(f"{where}: key 'unseen_clients' has value {unseen!r}; allowed: an integer in [0, num_clients - 1 = {num_clients - 1}]"
+                          " (clients held out of training and evaluated after it)")
     return {
         "dataset": spec["dataset"],
         "dataset_params": dict(spec.get("dataset_params") or {}),
@@ -79,7 +86,46 @@ def resolve_partition_spec(spec: dict[str, Any]) -> dict[str, Any]:
         "pool": pool,
         "split": split,
         "seed": seed,
+        "unseen_clients": unseen,
+        "scarcity": _resolve_scarcity(spec.get("scarcity"), num_clients, where),
     }
+
+
+def _resolve_scarcity(scarcity: Any, num_clients: int, where: str) -> dict | None:
+    """{clients: "all" | [ids], fraction: f | [lo, hi]}: those clients keep only a fraction
+    of their data, class by class (FedCoSR's fairness and scarcity scenarios)."""
+    if scarcity is None:
+        return None
+    if not isinstance(scarcity, dict) or set(scarcity) - {"clients", "fraction"} or "fraction" not in scarcity:
+        raise ConfigError(f"{where}: key 'scarcity' has value {scarcity!r}; allowed: {{clients: all | [client ids], fraction: f or [low, high]}}")
+    clients = scarcity.get("clients", "all")
+    ok_ids = isinstance(clients, list) and clients and all(isinstance(c, int) and not isinstance(c, bool) and 0 <= c < num_clients for c in clients)
+    if clients != "all" and not ok_ids:
+        raise ConfigError(f"{where}: key 'scarcity.clients' has value {clients!r}; allowed: 'all' or a non-empty list of client ids in [0, {num_clients - 1}]")
+    frac = scarcity["fraction"]
+    bounds = frac if isinstance(frac, list) else [frac]
+    if not (1 <= len(bounds) <= 2 and all(isinstance(f, (int, float)) and not isinstance(f, bool) and 0 < f <= 1 for f in bounds)
+            and bounds == sorted(bounds)):
+        raise ConfigError(f"{where}: key 'scarcity.fraction' has value {frac!r}; allowed: a fraction in (0, 1] or a range [low, high] of them")
+    return {"clients": clients if clients == "all" else sorted(set(clients)), "fraction": frac}
+
+
+def scarce(indices: np.ndarray, labels: np.ndarray, fraction: float, rng: np.random.Generator) -> np.ndarray:
+    """Keep `fraction` of a client's samples class by class (at least one of every class it
+    has), so its label distribution is unchanged; order of the kept indices preserved."""
+    keep = np.zeros(len(indices), bool)
+    client_labels = labels[indices]
+    for k in np.unique(client_labels):
+        pos = np.flatnonzero(client_labels == k)
+        keep[rng.choice(pos, max(1, int(round(fraction * len(pos)))), replace=False)] = True
+    return indices[keep]
+
+
+def unseen_client_ids(spec: dict[str, Any]) -> list[int]:
+    """The held-out clients, drawn from the partition seed on a stream of their own."""
+    k = spec.get("unseen_clients", 0)
+    rng = np.random.default_rng(derive_seed(spec["seed"], "unseen-clients"))
+    return sorted(rng.choice(spec["num_clients"], size=k, replace=False).tolist()) if k else []
 
 
 def partition_id(spec: dict[str, Any]) -> str:
@@ -92,46 +138,76 @@ def make_partition(raw: RawDataset, spec: dict[str, Any]) -> list[dict[str, np.n
     rng = np.random.RandomState(spec["seed"])
     pool = np.arange(len(raw.y)) if spec["pool"] else np.where(raw.official_split == 0)[0]
     fn = PARTITIONERS.get(spec["partitioner"])
-    clients = fn(raw.y[pool], spec["num_clients"], rng, **spec["params"])
+    extra = {}
+    if "groups" in inspect.signature(fn).parameters:  # domain / natural-id partitioners read per-sample ids
+        extra["groups"] = {name: np.asarray(ids)[pool] for name, ids in raw.groups.items()}
+    clients = [pool[idx] for idx in fn(raw.y[pool], spec["num_clients"], rng, **spec["params"], **extra)]
+    if spec["scarcity"] is not None:  # its own stream: the split below draws what it would draw without it
+        sc = spec["scarcity"]
+        srng = np.random.default_rng(derive_seed(spec["seed"], "scarcity"))
+        chosen = range(len(clients)) if sc["clients"] == "all" else sc["clients"]
+        for cid in chosen:
+            frac = sc["fraction"]
+            frac = float(srng.uniform(frac[0], frac[-1])) if isinstance(frac, list) else frac
+            clients[cid] = scarce(clients[cid], raw.y, frac, srng)
     split = spec["split"]
-    return [split_client(pool[idx], raw.y, rng, split["test_fraction"], split["val_fraction"], split["stratify"]) for idx in clients]
+    return [split_client(idx, raw.y, rng, split["test_fraction"], split["val_fraction"], split["stratify"]) for idx in clients]
 
 
 def write_partition(raw: RawDataset, spec: dict[str, Any], out_dir: str | os.PathLike) -> dict[str, Any]:
-    """Partition `raw` and write shards + manifest into `out_dir` atomically; return the manifest."""
+    """Partition `raw` and write shards + manifest into `out_dir` atomically; return the manifest.
+
+    Without pooling, the dataset's official test set (where it has one) is written too (`official_test.parquet`),
+    for evaluating on global test data."""
     spec = resolve_partition_spec(spec)
     pid = partition_id(spec)
     out_dir = Path(out_dir)
     assignment = make_partition(raw, spec)
+    unseen = set(unseen_client_ids(spec))
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp_dir = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
     try:
         x2d = np.ascontiguousarray(raw.x).reshape(len(raw.x), -1).view(np.uint8)
-        nbytes = x2d.shape[1]
         meta = {b"fedrepro.sample_shape": str(list(raw.sample_shape)).encode(), b"fedrepro.dtype": raw.x.dtype.str.encode(),
                 b"fedrepro.partition_id": pid.encode()}
-        clients, files = [], {}
-        for cid, splits in enumerate(assignment):
+        files: dict[str, str] = {}
+
+        def write_shard(fname: str, splits: dict[str, np.ndarray], owner: str) -> None:
             rows = np.concatenate([splits[s] for s in SPLITS])
             split_code = np.concatenate([np.full(len(splits[s]), i, np.int8) for i, s in enumerate(SPLITS)])
             columns = {
                 "index": pa.array(rows, pa.int64()),
                 "label": pa.array(raw.y[rows], pa.int64()),
                 "split": pa.array(split_code, pa.int8()),
-                "x": pa.FixedSizeBinaryArray.from_buffers(pa.binary(nbytes), len(rows), [None, pa.py_buffer(x2d[rows].tobytes())]),
+                "x": pa.FixedSizeBinaryArray.from_buffers(pa.binary(x2d.shape[1]), len(rows), [None, pa.py_buffer(x2d[rows].tobytes())]),
             }
             for gname, garr in raw.groups.items():
                 columns[f"group_{gname}"] = pa.array(np.asarray(garr)[rows], pa.int64())
-            table = pa.table(columns).replace_schema_metadata({**meta, b"fedrepro.client_id": str(cid).encode()})
-            fname = f"client_{cid:05d}.parquet"
+            table = pa.table(columns).replace_schema_metadata({**meta, b"fedrepro.client_id": owner.encode()})
             pq.write_table(table, tmp_dir / fname, compression="zstd")
             files[fname] = sha256_file(tmp_dir / fname)
-            clients.append({
-                "id": cid,
-                "file": fname,
+
+        def describe(splits: dict[str, np.ndarray]) -> dict[str, Any]:
+            rows = np.concatenate([splits[s] for s in SPLITS])
+            return {
                 "sizes": {s: int(len(splits[s])) for s in SPLITS},
                 "class_counts": {s: np.bincount(raw.y[splits[s]], minlength=raw.num_classes).tolist() for s in SPLITS},
-            })
+                # the per-sample ids a client holds (its domain, its patient), where there are few
+                "groups": {g: ids.tolist() for g, garr in raw.groups.items()
+                           if len(ids := np.unique(np.asarray(garr)[rows])) <= MAX_GROUP_IDS},
+            }
+
+        clients = []
+        for cid, splits in enumerate(assignment):
+            fname = f"client_{cid:05d}.parquet"
+            write_shard(fname, splits, str(cid))
+            clients.append({"id": cid, "file": fname, "unseen": cid in unseen, **describe(splits)})
+        official_test = None
+        if not spec["pool"] and (raw.official_split == 1).any():
+            empty = np.zeros(0, np.int64)
+            splits = {"train": empty, "test": np.flatnonzero(raw.official_split == 1), "val": empty}
+            write_shard(OFFICIAL_TEST, splits, "official_test")
+            official_test = {"file": OFFICIAL_TEST, **describe(splits)}
         manifest = {
             "format": FORMAT,
             "fedrepro_version": __version__,
@@ -141,6 +217,7 @@ def write_partition(raw: RawDataset, spec: dict[str, Any], out_dir: str | os.Pat
             "partitioner": spec["partitioner"],
             "params": spec["params"],
             "num_clients": spec["num_clients"],
+            "unseen_clients": sorted(unseen),
             "seed": spec["seed"],
             "num_classes": raw.num_classes,
             "sample_shape": list(raw.sample_shape),
@@ -150,6 +227,7 @@ def write_partition(raw: RawDataset, spec: dict[str, Any], out_dir: str | os.Pat
             "source": raw.source,
             "source_fingerprint": raw.fingerprint(),
             "clients": clients,
+            "official_test": official_test,
             "files": files,
         }
         write_json_atomic(tmp_dir / MANIFEST, manifest)
@@ -166,7 +244,7 @@ def write_partition(raw: RawDataset, spec: dict[str, Any], out_dir: str | os.Pat
 class ClientShard:
     """One client's arrays, split by `split` name into (x, y)."""
 
-    id: int
+    id: int | str
     x: dict[str, np.ndarray]
     y: dict[str, np.ndarray]
 
@@ -191,9 +269,9 @@ def verify_partition(part_dir: str | os.PathLike, manifest: dict[str, Any] | Non
             raise ShardChecksumError(f"{path}: sha256 {actual} does not match the manifest's {expected}; the shard is corrupted or was modified")
 
 
-def read_client(part_dir: str | os.PathLike, manifest: dict[str, Any], cid: int) -> ClientShard:
-    info = manifest["clients"][cid]
-    table = pq.read_table(Path(part_dir) / info["file"])
+def read_shard(path: str | os.PathLike, manifest: dict[str, Any], owner: int | str) -> ClientShard:
+    """One shard file's arrays, split by name; the x bytes are viewed, not copied."""
+    table = pq.read_table(path)
     shape = tuple(manifest["sample_shape"])
     dtype = np.dtype(manifest["dtype"])
     xcol = table.column("x").combine_chunks()
@@ -206,7 +284,17 @@ def read_client(part_dir: str | os.PathLike, manifest: dict[str, Any], cid: int)
     for code, name in enumerate(SPLITS):
         mask = split == code
         xs[name], ys[name] = x[mask], y[mask]
-    return ClientShard(cid, xs, ys)
+    return ClientShard(owner, xs, ys)
+
+
+def read_client(part_dir: str | os.PathLike, manifest: dict[str, Any], cid: int) -> ClientShard:
+    return read_shard(Path(part_dir) / manifest["clients"][cid]["file"], manifest, cid)
+
+
+def read_official_test(part_dir: str | os.PathLike, manifest: dict[str, Any]) -> ClientShard | None:
+    """The dataset's official test set, present when the partition did not pool it."""
+    info = manifest.get("official_test")
+    return read_shard(Path(part_dir) / info["file"], manifest, "official_test") if info else None
 
 
 def load_partition(part_dir: str | os.PathLike, verify: bool = True) -> tuple[dict[str, Any], list[ClientShard]]:

@@ -33,6 +33,7 @@ class Client:
     test: Split
     val: Split
     state: dict[str, Any] = field(default_factory=dict)
+    unseen: bool = False  # held out of training, evaluated after it
 
     @property
     def num_train(self) -> int:
@@ -48,14 +49,25 @@ def to_split(x: np.ndarray, y: np.ndarray, mean: torch.Tensor, std: torch.Tensor
     return Split(t.contiguous(), torch.from_numpy(np.asarray(y, dtype=np.int64)).to(device))
 
 
+def _normaliser(manifest: dict, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    return (torch.tensor(manifest["mean"], dtype=torch.float32, device=device),
+            torch.tensor(manifest["std"], dtype=torch.float32, device=device))
+
+
 def load_clients(manifest: dict, shards: list[ClientShard], device: torch.device) -> list[Client]:
-    mean = torch.tensor(manifest["mean"], dtype=torch.float32, device=device)
-    std = torch.tensor(manifest["std"], dtype=torch.float32, device=device)
+    mean, std = _normaliser(manifest, device)
     clients = []
     for s in shards:
         splits = {name: to_split(s.x[name], s.y[name], mean, std, device) for name in ("train", "test", "val")}
-        clients.append(Client(s.id, splits["train"], splits["test"], splits["val"]))
+        unseen = bool(manifest["clients"][s.id].get("unseen", False))
+        clients.append(Client(s.id, splits["train"], splits["test"], splits["val"], unseen=unseen))
     return clients
+
+
+def load_split(manifest: dict, shard: ClientShard, split: str, device: torch.device) -> Split:
+    """One split of a shard (the official test set) as a normalised tensor split."""
+    mean, std = _normaliser(manifest, device)
+    return to_split(shard.x[split], shard.y[split], mean, std, device)
 
 
 def _crop_flip(x: torch.Tensor, g: torch.Generator, padding: int = 4) -> torch.Tensor:

@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from ..io import atomic_path, derive_seed, short_hash
-from ..metrics import STATS, accuracy, macro_f1, summarize
+from ..metrics import STATS, accuracy, harmonic_mean, macro_f1, summarize
 from ..methods import METHODS, Method, payload_bytes, select
 from ..models import SplitModel, build_model
 from .data import AUGMENTATIONS, Client, Split
@@ -83,12 +83,15 @@ def sampling_schedule(num_clients: int, participation: float | int, rounds: int,
 
 class Engine:
     def __init__(self, cell: dict[str, Any], manifest: dict[str, Any], clients: list[Client], device: torch.device,
-                 checkpoint: Path | None = None, progress: bool = True):
+                 checkpoint: Path | None = None, progress: bool = True, official_test: Split | None = None):
         self.cell = cell
         self.training = cell["training"]
         self.seed = int(cell["seed"])
         self.device = device
-        self.clients = clients
+        self.clients = [c for c in clients if not c.unseen]  # the federation; sampling indexes this list
+        self.unseen = [c for c in clients if c.unseen]  # never train; evaluated after training
+        self._by_id = {c.id: c for c in clients}
+        self.official_test = official_test
         self.manifest = manifest
         self.num_classes = int(manifest["num_classes"])
         self.checkpoint_path = checkpoint
@@ -102,7 +105,10 @@ class Engine:
         self.augment = AUGMENTATIONS[self.training["augment"]]
         entry = METHODS.entry(cell["method"])
         self.method: Method = entry.obj(self, dict(cell["hparams"]))
-        self.schedule = sampling_schedule(len(clients), self.training["participation"], self.training["rounds"], self.seed)
+        self.schedule = sampling_schedule(len(self.clients), self.training["participation"], self.training["rounds"], self.seed)
+
+    def client(self, client_id: int) -> Client:
+        return self._by_id[client_id]
 
     # -- parameters -------------------------------------------------------------------
     def get_params(self, prefixes: Iterable[str] = ("",)) -> dict[str, torch.Tensor]:
@@ -284,19 +290,100 @@ class Engine:
         if method.has_personal:
             per = {s: [] for s in splits}
             for c in self.clients:
-                # A personalized model that trains (fine-tuning) draws its batches from its own
-                # stream per (round, client): independent of training and of evaluation order.
-                self._batch_purpose, self._stream = "eval-batches", 0
-                try:
-                    params = method.personal_params(c)
-                finally:
-                    self._batch_purpose = "batches"
+                params = self._personal(c)
                 for split in splits:
                     data = getattr(c, split)
                     per[split].append(self._scores(data.y, self.predict(params, data.x)))
             for split in splits:
                 record[f"{split}/personal"] = {"acc": [s[0] for s in per[split]], "f1": [s[1] for s in per[split]]}
         return record
+
+    def _personal(self, client: Client, purpose: str = "eval-batches") -> dict[str, torch.Tensor]:
+        """A client's personalized model. Fine-tuning draws its batches from a stream of its own
+        per (purpose, round, client): independent of training and of evaluation order."""
+        self._batch_purpose, self._stream = purpose, 0
+        try:
+            return self.method.personal_params(client) if purpose == "eval-batches" else self.method.personalize_unseen(client)
+        finally:
+            self._batch_purpose = "batches"
+
+    def _mean_personal(self) -> dict[str, torch.Tensor]:
+        """The train-size-weighted average of the personalized models: the "global model" of a
+        method that has none (FedCRC's Table II protocol for FedPer/FedRep)."""
+        total = float(sum(c.num_train for c in self.clients))
+        out: dict[str, torch.Tensor] = {}
+        for c in self.clients:
+            for k, v in self._personal(c).items():
+                if v.is_floating_point():
+                    out[k] = out.get(k, torch.zeros_like(v)) + v * (c.num_train / total)
+                else:
+                    out[k] = v if k not in out else torch.maximum(out[k], v)
+        return out
+
+    @torch.no_grad()
+    def _probs(self, params: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+        self.set_params(params)
+        self.model.eval()
+        bs = self.training["eval_batch_size"]
+        return torch.cat([F.softmax(self.model(x[i : i + bs]), 1) for i in range(0, len(x), bs)])
+
+    def global_tests(self) -> dict[str, Split]:
+        """The global test sets the cell asked for: the union of the clients' test splits
+        and/or the dataset's official test set."""
+        out = {}
+        for name in self.training["global_test"]:
+            if name == "union":
+                out[name] = Split(self._pooled("test"), torch.cat([c.test.y for c in self.clients]))
+            elif self.official_test is None:
+                raise ValueError("global_test 'official' needs a partition with pool: false (its official test set)")
+            else:
+                out[name] = self.official_test
+        return out
+
+    def evaluate_beyond(self, record: dict[str, Any]) -> dict[str, Any]:
+        """After the last round: unseen clients and global test data.
+
+        * unseen/global: the global model (or, for a method without one, the average of the
+          personalized models) on each unseen client's test split; unseen/personal: the
+          method's personalization of the unseen client (`Method.personalize_unseen`).
+        * <test set>/global: the global model on the global test set (for a method without
+          one, the average of the personalized models' softmax outputs, GRP-FED's protocol
+          for Local and LG-FedAvg); <test set>/personal: every client's personalized model on
+          it (GRP-FED's generalization G); <test set>/hm: per client, the harmonic mean of its
+          own-test score P and G (GRP-FED's L).
+        """
+        method, out = self.method, {}
+        if self.unseen:
+            g = method.global_params() if method.has_global else self._mean_personal()
+            out["unseen/global"] = self._score_clients(g, self.unseen)
+            if method.has_personal:
+                scores = [self._scores(c.test.y, self.predict(self._personal(c, "unseen-batches"), c.test.x)) for c in self.unseen]
+                out["unseen/personal"] = {"acc": [s[0] for s in scores], "f1": [s[1] for s in scores]}
+        tests = self.global_tests()
+        if not tests:
+            return out
+        personal = [self._personal(c) for c in self.clients] if method.has_personal else []
+        own = record["test/personal" if method.has_personal else "test/global"]
+        for name, data in tests.items():
+            y = data.y.cpu().numpy()
+            probs = [self._probs(p, data.x) for p in personal]
+            if method.has_global:
+                g_pred = self.predict(method.global_params(), data.x)
+            else:
+                g_pred = torch.stack(probs).mean(0).argmax(1).cpu().numpy()
+            acc, f1 = accuracy(y, g_pred), macro_f1(y, g_pred)
+            out[f"{name}/global"] = {"acc": [acc], "f1": [f1]}
+            if personal:
+                gen = [(accuracy(y, pr.argmax(1).cpu().numpy()), macro_f1(y, pr.argmax(1).cpu().numpy())) for pr in probs]
+                out[f"{name}/personal"] = {"acc": [s[0] for s in gen], "f1": [s[1] for s in gen]}
+            else:  # a global-only method: every client's model is the global one (GRP-FED's G)
+                gen = [(acc, f1)] * len(self.clients)
+            out[f"{name}/hm"] = {m: [harmonic_mean(p, g[i]) for p, g in zip(own[m], gen)] for i, m in enumerate(("acc", "f1"))}
+        return out
+
+    def _score_clients(self, params: dict[str, torch.Tensor], clients: list[Client]) -> dict[str, list[float]]:
+        scores = [self._scores(c.test.y, self.predict(params, c.test.x)) for c in clients]
+        return {"acc": [s[0] for s in scores], "f1": [s[1] for s in scores]}
 
     # -- checkpoints ------------------------------------------------------------------------
     def cell_key(self) -> str:
@@ -373,6 +460,9 @@ class Engine:
             if r % t["checkpoint_every"] == 0 and r < rounds:
                 self.save_checkpoint(history, per_round)
         bar.close()
+        t3 = time.perf_counter()
+        beyond = self.evaluate_beyond(history[-1])
+        eval_time += time.perf_counter() - t3
         resources = {
             "wall_time_s": time.perf_counter() - t0,
             "train_time_s": train_time,
@@ -382,7 +472,7 @@ class Engine:
             "device": str(self.device),
             "resumed_from_round": start - 1,
         }
-        return build_metrics(self.cell, self.clients, history, per_round, resources)
+        return build_metrics(self.cell, self.clients, history, per_round, resources, beyond, self.unseen)
 
 
 def _headline(record: dict, test_sizes: list[int]) -> str:
@@ -437,17 +527,30 @@ def summaries(record: dict, split: str, weights: list[int]) -> dict[str, dict[st
     return out
 
 
-def build_metrics(cell: dict, clients: list[Client], history: list[dict], per_round: dict, resources: dict) -> dict[str, Any]:
+def build_metrics(cell: dict, clients: list[Client], history: list[dict], per_round: dict, resources: dict,
+                  beyond: dict | None = None, unseen: list[Client] | None = None) -> dict[str, Any]:
     """metrics.json: the last round's per-client scores and aggregates (never the best
-    round on test data), curves every k rounds, best-on-validation as an extra."""
+    round on test data), curves every k rounds, best-on-validation as an extra; after
+    training, the scores on unseen clients and global test sets (`Engine.evaluate_beyond`)."""
     test_sizes = [len(c.test) for c in clients]
     val_sizes = [len(c.val) for c in clients]
+    unseen = unseen or []
+    beyond = beyond or {}
     last = history[-1]
     final = {kind: ({m: _clean(last[f"test/{kind}"][m]) for m in ("acc", "f1")} if f"test/{kind}" in last else None)
              for kind in ("global", "personal")}
     summary = {k: _clean_stats(v) for k, v in summaries(last, "test", test_sizes).items()}
+    # Further kinds, summarised over the clients they score: unseen_{global,personal} over the
+    # unseen clients (weighted by test size), <test set>_{global,personal,hm} over the
+    # federation's clients (weighted equally: each is scored on the same test set).
+    for key, values in beyond.items():
+        where, kind = key.split("/")
+        weights = [len(c.test) for c in unseen] if where == "unseen" else [1] * len(values["acc"])
+        final[f"{where}_{kind}"] = {m: _clean(values[m]) for m in ("acc", "f1")}
+        for m in ("acc", "f1"):
+            summary[f"{where}_{kind}_{m}"] = _clean_stats(summarize(values[m], weights))
     curves: dict[str, Any] = {"round": [h["round"] for h in history], "train_loss": [h["train_loss"] for h in history]}
-    for name in summary:
+    for name in summaries(last, "test", test_sizes):
         curves[name] = {s: _clean([summaries(h, "test", test_sizes)[name][s] for h in history]) for s in STATS}
     best_val = None
     if "val/global" in last or "val/personal" in last:
@@ -464,7 +567,8 @@ def build_metrics(cell: dict, clients: list[Client], history: list[dict], per_ro
         "failure": None,
         "rounds": history[-1]["round"],
         "clients": {"ids": [c.id for c in clients], "train_size": [len(c.train) for c in clients],
-                    "test_size": test_sizes, "val_size": val_sizes},
+                    "test_size": test_sizes, "val_size": val_sizes,
+                    "unseen_ids": [c.id for c in unseen], "unseen_test_size": [len(c.test) for c in unseen]},
         "final": final,
         "summary": summary,
         "best_val": best_val,

@@ -9,10 +9,10 @@ from typing import Any
 
 import torch
 
-from ..data.shards import load_partition
+from ..data.shards import load_partition, read_official_test
 from ..io import write_json_atomic
 from ..provenance import collect
-from .data import load_clients
+from .data import load_clients, load_split
 from .engine import Engine, TrainingDiverged
 
 
@@ -54,9 +54,14 @@ def train_cell(cell: dict, shards_dir: str | Path, out_dir: str | Path, checkpoi
     if manifest["partition_id"] != cell["partition_id"]:
         raise ValueError(f"{shards_dir}: partition {manifest['partition_id']} is not the cell's partition {cell['partition_id']}")
     clients = load_clients(manifest, shards, dev)
+    official = read_official_test(shards_dir, manifest) if "official" in cell["training"]["global_test"] else None
+    if "official" in cell["training"]["global_test"] and official is None:
+        raise ValueError(f"{shards_dir}: training.global_test asks for 'official' but the partition has no official test set "
+                         "(it pooled it into the clients' data, pool: true, or the dataset has none)")
     label = f"{cell['experiment']}/{cell['dataset']}/{cell['partition']}/{cell['label']}/seed{cell['seed']}"
     print(f"[fedrepro] training cell {label} on {dev} ({len(clients)} clients, {cell['training']['rounds']} rounds)", file=sys.stderr)
-    engine = Engine(cell, manifest, clients, dev, Path(checkpoint) if checkpoint else None, progress=progress)
+    engine = Engine(cell, manifest, clients, dev, Path(checkpoint) if checkpoint else None, progress=progress,
+                    official_test=load_split(manifest, official, "test", dev) if official else None)
     try:
         metrics = engine.run()
     except TrainingDiverged as exc:

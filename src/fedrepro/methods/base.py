@@ -9,7 +9,8 @@ bookkeeping). A method is one small class that says, like a paper's algorithm bo
 * `broadcast()`     what the server sends a sampled client,
 * `local_update()`  the client's training, returning an `Update` (the upload),
 * `aggregate()`     how the server folds the round's updates into its state,
-* `global_params()` / `personal_params()` which models are evaluated.
+* `global_params()` / `personal_params()` which models are evaluated
+  (`personalize_unseen()`: how a client that never trained gets its personal model).
 
 Per-client persistent state lives in `client.state` (checkpointed too), so personal
 heads, control variates, discriminators or prototypes need no engine change. The
@@ -79,6 +80,15 @@ class Method:
 
     def personal_params(self, client: "Client") -> Params | None:
         return None
+
+    def personalize_unseen(self, client: "Client") -> Params | None:
+        """The personalized model of a client that never took part in training: it receives
+        the broadcast, runs the method's own local update on its train split once, and the
+        method's personal model is read off (new-client protocol of FedCRC's Table II)."""
+        if not self.has_personal:
+            return None
+        self.local_update(client, self.broadcast(client))
+        return self.personal_params(client)
 
 
 def select(params: Params, prefixes: Iterable[str]) -> Params:

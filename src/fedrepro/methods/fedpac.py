@@ -153,7 +153,7 @@ class FedPAC(Method):
         heads = [select(u.params, ("head.",)) for u in updates]
         for i, u in enumerate(updates):
             alpha = combination_weights(variances, stats, i)
-            eng.clients[u.client_id].state["head"] = {
+            eng.client(u.client_id).state["head"] = {
                 k: sum(float(a) * hd[k] for a, hd in zip(alpha, heads) if a > 0) for k in heads[i]}
 
     # -- evaluation -------------------------------------------------------------------

@@ -1,7 +1,8 @@
 """Load per-cell `metrics.json` files and flatten them into long pandas frames.
 
 A *cell* is one training run (method × dataset × partition × seed). A *kind* is the
-model evaluated: "global" (the server model) or "personal" (per-client models).
+model evaluated and where: "global" (the server model) or "personal" (per-client models)
+on each client's test split, and the kinds of KINDS evaluated after training.
 Failed cells are kept as a single row with kind "failed" and NaN metrics, so reports
 can show them instead of silently dropping them.
 """
@@ -19,7 +20,12 @@ from fedrepro.io import atomic_path, read_json, write_json_atomic
 from fedrepro.registry import ConfigError
 
 SCHEMA = "fedrepro.metrics/1"
-KINDS = ("global", "personal")
+# Model kinds: each client's own test split (global, personal); after training, the unseen
+# clients and the global test sets (union of client test splits, official test set), where
+# <set>_personal is every personalized model on that set and <set>_hm the per-client
+# harmonic mean of own-test and global-test scores (GRP-FED's L).
+KINDS = ("global", "personal", "unseen_global", "unseen_personal",
+         *(f"{where}_{k}" for where in ("union", "official") for k in ("global", "personal", "hm")))
 METRICS = ("acc", "f1")
 STATS = ("weighted_mean", "mean", "std", "min", "max", "worst10")
 CELL_KEYS = ("experiment", "dataset", "partition", "partition_id", "method", "label", "model", "seed")

@@ -109,7 +109,8 @@ def plot_client_distribution(cells: list[dict], dataset: str, partition: str, ou
     """
     cells = _in(cells, dataset, partition)
     frame = summary_frame(cells)
-    keys = row_keys(frame) if len(frame) else []
+    # per-client kinds only: a global test set's global score is one number per cell
+    keys = [k for k in (row_keys(frame) if len(frame) else []) if k[1] not in ("union_global", "official_global")]
     colors = _colors(list(dict.fromkeys(label for label, _ in keys)))
     fig, ax = plt.subplots(figsize=(max(5.0, 1.4 * len(keys) + 2), 4.5), layout="constrained")
     ticks = []
