@@ -39,7 +39,9 @@ TRAINING_DEFAULTS: dict[str, Any] = {
 }
 
 # The model a dataset gets when the config names none.
-DEFAULT_MODELS = {"fmnist": "fedavg_cnn", "digits": "mlp", "synthetic": "mlp"}
+DEFAULT_MODELS = {"fmnist": "fedavg_cnn", "digits": "mlp", "synthetic": "mlp",
+                  **dict.fromkeys(("mnist", "emnist", "cifar10", "cifar100", "svhn", "usps"), "fedavg_cnn"),  # PFLlib's "cnn"
+                  "stl10": "resnet18_cifar"}
 
 
 def schema() -> dict:
@@ -122,11 +124,18 @@ def resolve_experiment(config: dict) -> dict[str, Any]:
             raise ConfigError(f"config key 'datasets.{ds}.model.name' has value {model['name']!r}; allowed: {', '.join(MODELS.names())}")
         model_params = resolve_params(f"config key 'datasets.{ds}.model.params'", MODELS.entry(model["name"]).params, model.get("params"))
         datasets[ds] = {"params": params, "model": {"name": model["name"], "params": model_params},
-                        "num_classes": spec.num_classes, "prepared_id": short_hash(params, 8)}
+                        "num_classes": spec.num_classes, "prepared_id": short_hash(params, 8), "training": entry.get("training") or {}}
     partitions = []
     for ds, dsinfo in datasets.items():
         for label, p in config["partitions"].items():
             where = f"config key 'partitions.{label}'"
+            only = p.get("datasets")
+            unknown = sorted(set(only or []) - set(config["datasets"]))
+            if unknown:
+                raise ConfigError(f"config key 'partitions.{label}.datasets' has value {only}; unknown {unknown}; allowed: the experiment's datasets {sorted(config['datasets'])}")
+            if only and ds not in only:
+                continue
+            p = {k: v for k, v in p.items() if k != "datasets"}
             if p["partitioner"] not in _partitioner_names():
                 raise ConfigError(f"config key 'partitions.{label}.partitioner' has value {p['partitioner']!r}; allowed: {', '.join(_partitioner_names())}")
             spec = {"dataset": ds, "dataset_params": dsinfo["params"], **p}
@@ -148,11 +157,13 @@ def resolve_experiment(config: dict) -> dict[str, Any]:
             raise ConfigError(f"config key 'methods.{label}': unknown method {method!r}; allowed: {', '.join(METHODS.names())}")
         entry = METHODS.entry(method)
         hp = resolve_params(f"config key 'methods.{label}.hparams' (method '{method}')", entry.params, m.get("hparams"))
-        where = f"methods.{label}.training" if m.get("training") else "training"  # the key an error names
-        methods[label] = (method, hp, _merge(base_training, m.get("training")), where)
+        methods[label] = (method, hp, m.get("training"))
     for part in partitions:
         ds = part["dataset"]
-        for label, (method, hp, training, where) in methods.items():
+        for label, (method, hp, method_training) in methods.items():
+            # precedence: experiment < dataset < method; an error names the most specific key given
+            training = _merge(_merge(base_training, datasets[ds]["training"]), method_training)
+            where = (f"methods.{label}.training" if method_training else f"datasets.{ds}.training" if datasets[ds]["training"] else "training")
             spec = part["spec"]
             t = resolve_training(training, where, spec["num_clients"] - spec["unseen_clients"])
             if "official" in t["global_test"] and spec["pool"]:

@@ -395,3 +395,6 @@ _register(
         load=_load_synthetic,
     )
 )
+
+# More datasets, registered on import (they use `DatasetSpec` and `_register` above).
+from fedrepro.data import vision as _vision  # noqa: E402,F401
