@@ -176,3 +176,19 @@ def test_bad_scarcity_is_rejected_naming_the_key(scarcity, key):
 def test_fedcrc_learning_rate_schedule():
     schedule = {"name": "multistep", "milestones": [50, 75], "values": [0.05, 0.01, 0.001]}
     assert [lr_at(schedule, 0.05, r) for r in (1, 50, 51, 75, 76, 100)] == [0.05, 0.05, 0.01, 0.01, 0.001, 0.001]
+
+
+def test_partitions_can_be_restricted_to_datasets_and_datasets_override_training():
+    cfg = tiny_config()
+    cfg["datasets"]["synthetic"] = {"params": {"num_users": 4, "max_samples_per_user": 60}, "training": {"rounds": 3}}
+    cfg["partitions"]["iid_syn"] = {"partitioner": "iid", "num_clients": 4, "datasets": ["synthetic"]}
+    cfg["methods"]["fedavg_ft"]["training"] = {"rounds": 5}
+    exp = resolve_experiment(cfg)
+    assert {(p["dataset"], p["label"]) for p in exp["partitions"]} == {("digits", "dir"), ("synthetic", "dir"), ("synthetic", "iid_syn")}
+    rounds = {(c["dataset"], c["label"]): c["training"]["rounds"] for c in exp["cells"]}
+    assert rounds[("digits", "fedavg")] == 2  # the experiment's training
+    assert rounds[("synthetic", "fedavg")] == 3  # the dataset's override
+    assert rounds[("synthetic", "fedavg_ft")] == rounds[("digits", "fedavg_ft")] == 5  # the method's override wins
+    cfg["partitions"]["iid_syn"]["datasets"] = ["cifar10"]
+    with pytest.raises(ConfigError, match=r"partitions\.iid_syn\.datasets.*unknown \['cifar10'\]"):
+        resolve_experiment(cfg)

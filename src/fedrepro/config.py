@@ -41,7 +41,8 @@ TRAINING_DEFAULTS: dict[str, Any] = {
 # The model a dataset gets when the config names none.
 DEFAULT_MODELS = {"fmnist": "fedavg_cnn", "digits": "mlp", "synthetic": "mlp",
                   **dict.fromkeys(("mnist", "emnist", "cifar10", "cifar100", "svhn", "usps"), "fedavg_cnn"),  # PFLlib's "cnn"
-                  "stl10": "resnet18_cifar"}
+                  "stl10": "resnet18_cifar", **dict.fromkeys(("mnistm", "syn", "digit5"), "fedavg_cnn"),
+                  **dict.fromkeys(("pacs", "domainnet"), "resnet18_cifar"), "mitbih": "resnet1d"}
 
 
 def schema() -> dict:

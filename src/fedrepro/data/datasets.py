@@ -398,3 +398,4 @@ _register(
 
 # More datasets, registered on import (they use `DatasetSpec` and `_register` above).
 from fedrepro.data import vision as _vision  # noqa: E402,F401
+from fedrepro.data import domains as _domains  # noqa: E402,F401
