@@ -66,7 +66,8 @@ def test_default_config_cells_carry_resolved_defaults():
     assert t["eval_batch_size"] == TRAINING_DEFAULTS["eval_batch_size"]
     assert cells["fedavg"]["model"] == {"name": "fedavg_cnn", "params": {"hidden": 512}}
     part = out["partitions"][0]["spec"]
-    assert part["params"] == {"alpha": 0.1, "min_partition_size": 40, "self_balancing": True, "max_retries": 1000}
+    assert part["params"] == {"alpha": 0.1, "min_partition_size": 40, "self_balancing": True, "max_retries": 1000,
+                              "sampler": "split", "partition_size": 600}
     assert part["split"] == {"test_fraction": 0.25, "val_fraction": 0.0, "stratify": False}
     assert part["seed"] == 1 and part["pool"] is True
 

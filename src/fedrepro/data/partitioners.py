@@ -6,7 +6,10 @@ client index arrays, registered with its parameters. `rng` is a
 on purpose so that the `dirichlet` partitioner with PFLlib's settings draws exactly the
 numbers PFLlib's `separate_data` draws (`np.random.seed(1)` there).
 Names follow flwr-datasets where it has an equivalent (`alpha`, `min_partition_size`,
-`self_balancing`, `num_classes_per_partition`).
+`self_balancing`, `num_classes_per_partition`, `partition_by`). A partitioner with a `groups`
+parameter (domain, natural_id) also receives the dataset's per-sample id columns, e.g.
+groups["domain"]; `class_imbalance_factor` and `size_imbalance_factor` measure what a
+partition achieved.
 """
 
 from __future__ import annotations
@@ -37,6 +40,11 @@ def iid_partition(labels: np.ndarray, num_clients: int, rng: np.random.RandomSta
         "min_partition_size": Param(10, "redraw until every client holds at least this many samples (PFLlib: 40 = batch 10 / 0.25 test)", int, minimum=0),
         "self_balancing": Param(False, "PFLlib/FedLab/PFNM cap: a client already holding >= N/num_clients samples gets no more", bool),
         "max_retries": Param(1000, "give up after this many redraws", int, minimum=1),
+        "sampler": Param("split", "'split': the per-class split above, a partition of the data; 'plato': Plato's samplers/dirichlet.py "
+                         "(Calibre's D-non-iid): each client draws q ~ Dir(alpha) over the classes and samples partition_size "
+                         "indices without replacement with weights q[label]; clients may OVERLAP (min_partition_size, "
+                         "self_balancing, max_retries unused)", str, choices=("split", "plato")),
+        "partition_size": Param(600, "sampler 'plato': samples per client (Calibre paper-era CIFAR-10 config: 600)", int, minimum=1),
     },
 )
 def dirichlet_partition(
@@ -47,6 +55,8 @@ def dirichlet_partition(
     min_partition_size: int = 10,
     self_balancing: bool = False,
     max_retries: int = 1000,
+    sampler: str = "split",
+    partition_size: int = 600,
 ) -> list[np.ndarray]:
     """Class by class, split the class's shuffled indices by proportions ~ Dir(alpha).
 
@@ -55,7 +65,12 @@ def dirichlet_partition(
     the share of clients already at N/num_clients, cut, and redraw everything until the
     smallest client reaches `min_partition_size`. Client index lists keep their
     allocation order, which matters for reproducing PFLlib's later train/test split.
+
+    sampler="plato" is a different scheme, Plato's per-client sampling (see
+    `_plato_dirichlet`); the default "split" path is unchanged.
     """
+    if sampler == "plato":
+        return _plato_dirichlet(labels, num_clients, rng, alpha, partition_size)
     _check_clients(labels, num_clients)
     n = len(labels)
     classes = np.unique(labels)
@@ -122,6 +137,474 @@ def pathological_partition(
     return [np.sort(np.concatenate(p)) if p else np.zeros(0, np.int64) for p in parts]
 
 
+# ----------------------------------------------------------------------- helpers of the partitioners below
+
+
+def _apportion(total: int, weights: np.ndarray) -> np.ndarray:
+    """Integers >= 0 proportional to `weights` that sum to `total` exactly (largest remainder;
+    ties go to the lower index, so the result is deterministic)."""
+    weights = np.asarray(weights, dtype=np.float64)
+    if total <= 0 or weights.sum() <= 0:
+        return np.zeros(len(weights), np.int64)
+    quota = weights / weights.sum() * total
+    out = np.floor(quota).astype(np.int64)
+    short = int(total - out.sum())
+    if short > 0:
+        out[np.argsort(-(quota - out), kind="stable")[:short]] += 1
+    return out
+
+
+def _cut(idx: np.ndarray, sizes: np.ndarray) -> list[np.ndarray]:
+    """Consecutive pieces of `idx` of the given sizes (their sum may be below len(idx))."""
+    ends = np.cumsum(sizes)
+    return [idx[e - s : e] for s, e in zip(sizes, ends)]
+
+
+def _need_groups(groups: dict[str, np.ndarray] | None, key: str, param: str, partitioner: str, n: int) -> np.ndarray:
+    """The per-sample id column `key` the partitioner needs, or a ConfigError naming what the dataset has."""
+    have = sorted(groups or {})
+    if not key:
+        raise ConfigError(f"partition: partitioner '{partitioner}' key '{param}' is required (has value {key!r}); "
+                          f"allowed: one of the dataset's per-sample group columns {have}")
+    if key not in (groups or {}):
+        raise ConfigError(
+            f"partition: partitioner '{partitioner}' key '{param}' has value {key!r}, but the dataset has no per-sample "
+            f"group column {key!r} (groups: {have or 'none'}); allowed: a dataset with groups[{key!r}] "
+            f"(RawDataset.groups) or one of {have}"
+        )
+    ids = np.asarray(groups[key])
+    if len(ids) != n:
+        raise ConfigError(f"partition: group column {key!r} has {len(ids)} entries for {n} labels; allowed: one id per sample")
+    return ids
+
+
+def class_imbalance_factor(labels: np.ndarray, parts: list[np.ndarray]) -> float:
+    """Achieved global imbalance factor of a partition: largest / smallest class count over the
+    union of the clients' samples (classes with no sample left out). 1.0 for a balanced split."""
+    used = np.concatenate([np.asarray(p, dtype=np.int64) for p in parts]) if parts else np.zeros(0, np.int64)
+    counts = np.unique(np.asarray(labels)[used], return_counts=True)[1]
+    return float(counts.max() / counts.min()) if len(counts) else float("nan")
+
+
+def size_imbalance_factor(parts: list[np.ndarray]) -> float:
+    """Largest / smallest client size (inf when a client is empty)."""
+    sizes = np.array([len(p) for p in parts], dtype=np.float64)
+    return float(sizes.max() / sizes.min()) if sizes.min() > 0 else float("inf")
+
+
+# ----------------------------------------------------------------------- quantity skew
+
+
+def quantity_skew_sizes(
+    n: int, num_clients: int, rng: np.random.RandomState, distribution: str, sigma: float, exponent: float, min_partition_size: int
+) -> np.ndarray:
+    """Client sizes: `min_partition_size` each plus the rest of the n samples apportioned by
+    weights drawn i.i.d. from a log-normal (sigma) or a Pareto power law (density ∝ w^-exponent, w >= 1)."""
+    if min_partition_size * num_clients > n:
+        raise ConfigError(
+            f"partition: key 'min_partition_size' has value {min_partition_size}; allowed: at most "
+            f"{n // num_clients} for {n} samples over {num_clients} clients"
+        )
+    if distribution == "lognormal":
+        weights = rng.lognormal(mean=0.0, sigma=sigma, size=num_clients)
+    else:
+        weights = rng.pareto(exponent - 1.0, size=num_clients) + 1.0  # classical Pareto(x_m=1): p(w) ∝ w^-exponent
+    return min_partition_size + _apportion(n - min_partition_size * num_clients, weights)
+
+
+@PARTITIONERS.register(
+    "quantity_skew",
+    "client sizes drawn from a log-normal or power law (quantity skew); samples assigned uniformly at random (iid labels), no overlap",
+    params={
+        "distribution": Param("lognormal", "size law: 'lognormal' (FedLab's unbalanced split, unbalance_sgm = sigma) or 'powerlaw' "
+                              "(Pareto: size weights with density ∝ w^-exponent, w >= 1)", str, choices=("lognormal", "powerlaw")),
+        "sigma": Param(1.0, "lognormal: std of the log client size; 0 = equal sizes", float, minimum=0),
+        "exponent": Param(2.0, "powerlaw: tail exponent of the size density (> 1; smaller = heavier tail, a few huge clients)",
+                          float, exclusive_minimum=1),
+        "min_partition_size": Param(10, "every client gets at least this many samples; the rest follows the drawn weights", int, minimum=0),
+    },
+)
+def quantity_skew_partition(
+    labels: np.ndarray,
+    num_clients: int,
+    rng: np.random.RandomState,
+    distribution: str = "lognormal",
+    sigma: float = 1.0,
+    exponent: float = 2.0,
+    min_partition_size: int = 10,
+) -> list[np.ndarray]:
+    """Every sample goes to exactly one client; sizes are min_partition_size + the rest of the
+    data apportioned (largest remainder, total exactly N) by i.i.d. weights from the chosen law.
+    The law's scale cancels out, so only its shape matters. Labels are iid (a random permutation)."""
+    _check_clients(labels, num_clients)
+    sizes = quantity_skew_sizes(len(labels), num_clients, rng, distribution, sigma, exponent, min_partition_size)
+    return [np.sort(p) for p in _cut(rng.permutation(len(labels)), sizes)]
+
+
+# ----------------------------------------------------------------------- long tail (GRP-FED)
+
+
+def long_tail_class_sizes(counts: np.ndarray, imbalance_factor: float) -> np.ndarray:
+    """Per-class sizes of the long-tailed subsample: n_c = round(n_head * rho^(-c/(C-1))) for the
+    classes in label order (c = 0 is the head, as CIFAR-10-LT of Cao et al. 2019), n_head the
+    largest value every class can supply. rho = 1 keeps every sample."""
+    counts = np.asarray(counts, dtype=np.int64)
+    c = len(counts)
+    if imbalance_factor == 1 or c == 1:
+        return counts.copy()
+    decay = float(imbalance_factor) ** (-np.arange(c) / (c - 1))
+    n_head = int(np.floor(np.min(counts / decay) + 1e-9))
+    sizes = np.minimum(counts, np.round(n_head * decay).astype(np.int64))
+    if sizes.min() < 1:
+        raise ConfigError(
+            f"partition: key 'imbalance_factor' has value {imbalance_factor}; allowed: a smaller factor, below about "
+            f"{2 * n_head} for this dataset (the head class holds {n_head} samples, so the tail class would get "
+            f"round({n_head} / {imbalance_factor}) = 0)"
+        )
+    return sizes
+
+
+def _ipf(target: np.ndarray, rows: np.ndarray, cols: np.ndarray, iters: int = 10000, tol: float = 1e-10) -> np.ndarray:
+    """Iterative proportional fitting: diag(a) @ target @ diag(b) with row sums `rows` and column
+    sums `cols` (the KL-closest matrix to `target` with those margins; target > 0)."""
+    m = target.astype(np.float64).copy()
+    for _ in range(iters):
+        m *= (cols / m.sum(axis=0))[None, :]
+        m *= (rows / m.sum(axis=1))[:, None]
+        if np.max(np.abs(m.sum(axis=0) - cols)) <= tol * max(1.0, cols.max()):
+            break
+    return m
+
+
+def _round_matrix(m: np.ndarray, rows: np.ndarray, cols: np.ndarray) -> np.ndarray:
+    """An integer matrix near `m` (real, >= 0) with the integer margins `rows` and `cols`
+    (same total): floor, then hand out the missing units to the cells with the largest
+    fractional parts whose row and column still miss some, then any leftover (rare) to the
+    first cells whose row and column still miss some."""
+    out = np.floor(m).astype(np.int64)
+    need_r = rows - out.sum(axis=1)
+    need_c = cols - out.sum(axis=0)
+    frac = (m - out).ravel()
+    for cell in np.argsort(-frac, kind="stable"):
+        if frac[cell] <= 0:
+            break
+        i, j = divmod(int(cell), m.shape[1])
+        if need_r[i] > 0 and need_c[j] > 0:
+            out[i, j] += 1
+            need_r[i] -= 1
+            need_c[j] -= 1
+    for i in np.flatnonzero(need_r > 0):
+        for j in np.flatnonzero(need_c > 0):
+            give = min(need_r[i], need_c[j])
+            out[i, j] += give
+            need_r[i] -= give
+            need_c[j] -= give
+    return out
+
+
+@PARTITIONERS.register(
+    "long_tail",
+    "GRP-FED long-tailed split: class sizes decay exponentially (largest/smallest = imbalance_factor), client sizes geometric, "
+    "each client long-tailed over its own random class order; no overlap",
+    params={
+        "imbalance_factor": Param(100.0, "global largest / smallest class size after subsampling the dataset (CIFAR-10-LT style, "
+                                  "class 0 = head); 1 keeps the whole dataset (GRP-FED's synthetic CIFAR-10)", float, minimum=1),
+        "client_imbalance_factor": Param(100.0, "largest / smallest client size, sizes geometric over client ids (client 0 largest; "
+                                         "methods.md §3.5 [RECON]: 100)", float, minimum=1),
+        "local_imbalance_factor": Param(100.0, "rho of each client's class proportions p_{k,c} ∝ rho^(-r_{k,c}/(C-1)), r_k a random class "
+                                        "permutation per client (methods.md §3.5 [RECON]: 100)", float, minimum=1),
+        "min_partition_size": Param(1, "refuse a split where a client gets fewer samples", int, minimum=0),
+    },
+)
+def long_tail_partition(
+    labels: np.ndarray,
+    num_clients: int,
+    rng: np.random.RandomState,
+    imbalance_factor: float = 100.0,
+    client_imbalance_factor: float = 100.0,
+    local_imbalance_factor: float = 100.0,
+    min_partition_size: int = 1,
+) -> list[np.ndarray]:
+    """GRP-FED's long-tailed CIFAR-10 (methods.md §3.5), made consistent as follows.
+
+    1. Subsample the data to global class sizes s_c = round(n_head * rho_g^(-c/(C-1)))
+       (`long_tail_class_sizes`; a random subset of each class, rho_g = imbalance_factor).
+    2. Client size targets t_k ∝ rho_n^(-k/(K-1)), k = 0..K-1, summing to sum_c s_c
+       (rho_n = client_imbalance_factor; client 0 largest).
+    3. Target pattern T_{k,c} = t_k * p_{k,c} with p_{k,c} ∝ rho_l^(-r_{k,c}/(C-1)) over a random
+       class permutation r_k per client (rho_l = local_imbalance_factor).
+    4. The three requirements cannot all hold exactly when rho_g > 1 (the union of the clients'
+       random class orders is not long-tailed), so T is fitted by iterative proportional fitting
+       to the margins (t_k, s_c): M = diag(a) T diag(b). Each client's proportions are thus its
+       long tail times a per-class factor b_c shared by all clients; with rho_g = 1 and many
+       clients b ≈ 1 and the per-client long tails hold as specified.
+    5. M is rounded to integers with both margins kept (`_round_matrix`): client k gets exactly
+       round(t_k) samples (largest remainder) and the global class sizes are exactly s_c, so the
+       achieved imbalance factor (`class_imbalance_factor`) is s_0 / s_{C-1}, rho_g up to the
+       rounding of the tail class, and `size_imbalance_factor` is rho_n up to the rounding of
+       the smallest client.
+    """
+    _check_clients(labels, num_clients)
+    classes, counts = np.unique(labels, return_counts=True)
+    c = len(classes)
+    sizes_c = long_tail_class_sizes(counts, imbalance_factor)
+    kept = []
+    for k, s in zip(classes, sizes_c):
+        idx_k = np.where(labels == k)[0]
+        kept.append(idx_k[rng.permutation(len(idx_k))[:s]])
+    total = int(sizes_c.sum())
+    if num_clients > total:
+        raise ConfigError(f"partition: key 'num_clients' has value {num_clients}; allowed: at most the {total} samples "
+                          f"left after the long-tail subsampling (imbalance_factor={imbalance_factor})")
+    k_exp = np.arange(num_clients) / (num_clients - 1) if num_clients > 1 else np.zeros(1)
+    client_w = float(client_imbalance_factor) ** (-k_exp)
+    sizes_k = _apportion(total, client_w)
+    if sizes_k.min() < min_partition_size:
+        raise ConfigError(
+            f"partition: key 'client_imbalance_factor' has value {client_imbalance_factor}; allowed: a smaller factor or fewer "
+            f"clients (the smallest client would get {sizes_k.min()} < min_partition_size={min_partition_size} of {total} samples)"
+        )
+    local_w = float(local_imbalance_factor) ** (-(np.arange(c) / (c - 1) if c > 1 else np.zeros(1)))
+    p = np.empty((num_clients, c))
+    for i in range(num_clients):
+        p[i, rng.permutation(c)] = local_w  # class perm[j] has rank j
+    p /= p.sum(axis=1, keepdims=True)
+    t = total * client_w / client_w.sum()
+    m = _round_matrix(_ipf(t[:, None] * p, t, sizes_c.astype(np.float64)), sizes_k, sizes_c)
+    parts: list[list[np.ndarray]] = [[] for _ in range(num_clients)]
+    for j, idx in enumerate(kept):
+        for i, piece in enumerate(_cut(idx, m[:, j])):
+            parts[i].append(piece)
+    return [np.sort(np.concatenate(pp)) for pp in parts]
+
+
+# ----------------------------------------------------------------------- domain skew (FedGCR)
+
+
+def domain_client_counts(num_domains: int, dif: float, min_clients_per_domain: int = 1) -> list[int]:
+    """Clients per domain, FedGCR's `prepare_*_uneven` (methods.md §5.6): domain i (0-based, in
+    the domain order) gets round(ratio^(T-1-i)) clients, ratio = dif^(1/(T-1)) rounded to one
+    decimal as in FedGCR's configs (Digit-Five 1.5 / 1.8, DomainNet 1.4 / 1.6), so the largest /
+    smallest count is dif for those settings: dif 5 -> [5, 3, 2, 2, 1] (T = 5), [5, 4, 3, 2, 1, 1]
+    (T = 6); dif 10 -> [10, 6, 3, 2, 1], [10, 7, 4, 3, 2, 1]. Counts are at least min_clients_per_domain."""
+    if num_domains == 1:
+        return [max(int(round(dif)), min_clients_per_domain)]
+    ratio = round(float(dif) ** (1.0 / (num_domains - 1)), 1)
+    return [max(int(round(ratio ** (num_domains - 1 - i))), min_clients_per_domain) for i in range(num_domains)]
+
+
+@PARTITIONERS.register(
+    "domain",
+    "one domain per client (groups['domain']); clients per domain geometric with largest/smallest = dif (FedGCR); "
+    "each domain split iid or Dir(alpha) among its clients",
+    params={
+        "dif": Param(1.0, "domain imbalance factor: clients of the first / of the last domain (FedGCR: 1, 5, 10); "
+                     "num_clients must equal the resulting total (see domain_client_counts)", float, minimum=1),
+        "partition_by": Param("domain", "the per-sample group column holding the domain id", str),
+        "domain_order": Param("id", "which domain gets the most clients: 'id' = ascending domain id (FedGCR's fixed order), "
+                              "'size' = most samples first, 'random' = drawn from the seed", str, choices=("id", "size", "random")),
+        "min_clients_per_domain": Param(1, "at least this many clients per domain (2 with dif = 1 is FedGCR's 'even' setting)",
+                                        int, minimum=1),
+        "alpha": Param(0.0, "0: each domain split iid into equal shares (±1); > 0: Dirichlet label skew Dir(alpha) among "
+                       "the domain's clients (the 'dirichlet' partitioner within the domain)", float, minimum=0),
+        "min_partition_size": Param(1, "alpha > 0: redraw until every client of the domain has this many samples", int, minimum=0),
+    },
+)
+def domain_partition(
+    labels: np.ndarray,
+    num_clients: int,
+    rng: np.random.RandomState,
+    dif: float = 1.0,
+    partition_by: str = "domain",
+    domain_order: str = "id",
+    min_clients_per_domain: int = 1,
+    alpha: float = 0.0,
+    min_partition_size: int = 1,
+    groups: dict[str, np.ndarray] | None = None,
+) -> list[np.ndarray]:
+    """Clients come domain by domain in the domain order (the first domain's clients first).
+
+    Unlike FedGCR's loaders, the domains keep all their data and a domain's clients get equal
+    shares; FedGCR also shrinks the volume of later domains and makes client sizes inside a
+    domain geometric (methods.md §5.6), which is not done here.
+    """
+    domain = _need_groups(groups, partition_by, "partition_by", "domain", len(labels))
+    ids, sizes = np.unique(domain, return_counts=True)
+    if domain_order == "size":
+        ids = ids[np.argsort(-sizes, kind="stable")]
+    elif domain_order == "random":
+        ids = ids[rng.permutation(len(ids))]
+    counts = domain_client_counts(len(ids), dif, min_clients_per_domain)
+    if num_clients != sum(counts):
+        raise ConfigError(
+            f"partition: key 'num_clients' has value {num_clients}; allowed: {sum(counts)} = clients per domain {counts} "
+            f"for the {len(ids)} domains {ids.tolist()} at dif={dif}, min_clients_per_domain={min_clients_per_domain}"
+        )
+    out: list[np.ndarray] = []
+    for d, n_d in zip(ids, counts):
+        idx_d = np.where(domain == d)[0]
+        if n_d > len(idx_d):
+            raise ConfigError(f"partition: key 'dif' has value {dif}; allowed: a smaller value (domain {d!r} has {len(idx_d)} samples "
+                              f"for {n_d} clients)")
+        if alpha > 0:
+            pieces = dirichlet_partition(labels[idx_d], n_d, rng, alpha=alpha, min_partition_size=min_partition_size)
+            out.extend(np.sort(idx_d[p]) for p in pieces)
+        else:
+            out.extend(np.sort(p) for p in np.array_split(idx_d[rng.permutation(len(idx_d))], n_d))
+    return out
+
+
+# ----------------------------------------------------------------------- natural ids
+
+
+@PARTITIONERS.register(
+    "natural_id",
+    "one client per distinct id of a group column (flwr NaturalIdPartitioner: patient, writer, user); no overlap",
+    params={
+        "partition_by": Param("", "the per-sample group column whose ids define the clients (e.g. 'patient', 'user'); required", str),
+        "select": Param("all", "'all': num_clients must equal the number of distinct ids; 'largest': the num_clients ids with "
+                        "the most samples; 'first': the num_clients smallest ids (the other ids' samples are left out)",
+                        str, choices=("all", "largest", "first")),
+    },
+)
+def natural_id_partition(
+    labels: np.ndarray,
+    num_clients: int,
+    rng: np.random.RandomState,
+    partition_by: str = "",
+    select: str = "all",
+    groups: dict[str, np.ndarray] | None = None,
+) -> list[np.ndarray]:
+    """Client i holds every sample of the i-th selected id, ids in ascending order. The data
+    decides the partition, so the seed does not change it."""
+    col = _need_groups(groups, partition_by, "partition_by", "natural_id", len(labels))
+    ids, inverse, sizes = np.unique(col, return_inverse=True, return_counts=True)
+    if select == "all" and num_clients != len(ids):
+        raise ConfigError(
+            f"partition: key 'num_clients' has value {num_clients}; allowed: {len(ids)}, the number of distinct "
+            f"{partition_by!r} ids (or select: 'largest' / 'first' to keep only num_clients of them)"
+        )
+    if num_clients > len(ids):
+        raise ConfigError(f"partition: key 'num_clients' has value {num_clients}; allowed: at most the {len(ids)} distinct {partition_by!r} ids")
+    if select == "largest":
+        chosen = np.sort(np.argsort(-sizes, kind="stable")[:num_clients])
+    else:
+        chosen = np.arange(num_clients)
+    order = np.argsort(inverse, kind="stable")  # sample indices grouped by id, ascending within an id
+    starts = np.concatenate([[0], np.cumsum(sizes)])
+    return [order[starts[j] : starts[j + 1]].astype(np.int64) for j in chosen]
+
+
+# ----------------------------------------------------------------------- label quantity (Calibre's Q-non-iid)
+
+
+def _label_quantity_classes(num_clients: int, classes: np.ndarray, s: int, rng: np.random.RandomState, mode: str) -> list[list[int]]:
+    c = len(classes)
+    if mode == "deterministic":
+        order = rng.permutation(c)
+        return [[int(classes[order[(i * s + j) % c]]) for j in range(s)] for i in range(num_clients)]
+    out = []  # Plato's sampler_utils.assign_sub_classes: class i mod C, then S - 1 distinct random ones
+    for i in range(num_clients):
+        mine = [int(classes[i % c])]
+        while len(mine) < s:
+            k = int(classes[rng.randint(c)])
+            if k not in mine:
+                mine.append(k)
+        out.append(mine)
+    return out
+
+
+@PARTITIONERS.register(
+    "label_quantity",
+    "Calibre's Q-non-iid (S, #samples): each client holds S classes and partition_size samples split evenly over them; disjoint",
+    params={
+        "num_classes_per_partition": Param(2, "classes per client (S)", int, minimum=1),
+        "partition_size": Param(0, "samples per client (#samples), split evenly over its S classes; 0 = the largest size every "
+                                "client can get", int, minimum=0),
+        "class_assignment": Param("deterministic", "'deterministic': client i gets classes perm[(i*S + j) mod C] (as 'pathological'; "
+                                  "every class held by N*S/C clients when that divides); 'plato': Plato's assign_sub_classes, class "
+                                  "i mod C plus S - 1 distinct random classes", str, choices=("deterministic", "plato")),
+    },
+)
+def label_quantity_partition(
+    labels: np.ndarray,
+    num_clients: int,
+    rng: np.random.RandomState,
+    num_classes_per_partition: int = 2,
+    partition_size: int = 0,
+    class_assignment: str = "deterministic",
+) -> list[np.ndarray]:
+    """Client i takes partition_size // S samples of each of its classes (the first
+    partition_size % S of its classes one more) from disjoint slices of the shuffled class.
+    CIFAR-10's 50,000 training images, 100 clients, S = 2 give Calibre's "(2, 500)".
+    Samples beyond the demand are left out; a demand the data cannot meet is a ConfigError."""
+    _check_clients(labels, num_clients)
+    classes, counts = np.unique(labels, return_counts=True)
+    s = num_classes_per_partition
+    if s > len(classes):
+        raise ConfigError(f"partition: key 'num_classes_per_partition' has value {s}; allowed: at most the {len(classes)} classes of the dataset")
+    owned = _label_quantity_classes(num_clients, classes, s, rng, class_assignment)
+    col = {int(k): j for j, k in enumerate(classes)}
+
+    def demand(size: int) -> np.ndarray:
+        per = np.full(s, size // s)
+        per[: size % s] += 1
+        need = np.zeros((num_clients, len(classes)), np.int64)
+        for i, mine in enumerate(owned):
+            need[i, [col[k] for k in mine]] = per
+        return need
+
+    lo, hi = 0, len(labels) // num_clients  # the largest feasible size, by bisection (demand grows with size)
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if np.all(demand(mid).sum(axis=0) <= counts) else (lo, mid - 1)
+    size = partition_size or lo
+    if size > lo or size < s:
+        raise ConfigError(
+            f"partition: key 'partition_size' has value {partition_size}; allowed: {s} to {lo} samples per client for "
+            f"{num_clients} clients x {s} classes (class sizes {counts.tolist()})"
+        )
+    need = demand(size)
+    parts: list[list[np.ndarray]] = [[] for _ in range(num_clients)]
+    for j, k in enumerate(classes):
+        idx_k = np.where(labels == k)[0]
+        rng.shuffle(idx_k)
+        for i, piece in enumerate(_cut(idx_k, need[:, j])):
+            if len(piece):
+                parts[i].append(piece)
+    return [np.sort(np.concatenate(p)) for p in parts]
+
+
+# ----------------------------------------------------------------------- Plato's Dirichlet sampler (dirichlet, sampler="plato")
+
+
+def _plato_dirichlet(labels: np.ndarray, num_clients: int, rng: np.random.RandomState, alpha: float, partition_size: int) -> list[np.ndarray]:
+    """Plato's samplers/dirichlet.py (Calibre's D-non-iid, methods.md §2.6): client by client,
+    q ~ Dir(alpha * 1_C) over the classes, then partition_size distinct indices of the WHOLE
+    dataset drawn without replacement with probability ∝ q[label]. Clients are independent, so
+    their sets overlap; this is a sampling, not a partition. Plato seeds client k with
+    random_seed * k and draws with torch; here one RandomState stream serves all clients, so the
+    scheme is Plato's but the numbers are not."""
+    n = len(labels)
+    if partition_size > n:
+        raise ConfigError(f"partition: key 'partition_size' has value {partition_size}; allowed: at most the {n} samples of the dataset")
+    classes, inverse = np.unique(labels, return_inverse=True)
+    out = []
+    for cid in range(num_clients):
+        q = rng.dirichlet(np.repeat(alpha, len(classes)))
+        if not np.all(np.isfinite(q)) or q.sum() <= 0:  # Plato's fallback for a degenerate draw: one random class
+            q = np.zeros(len(classes))
+            q[rng.randint(len(classes))] = 1.0
+        w = q[inverse]
+        if np.count_nonzero(w) < partition_size:  # tiny alpha: the shares of most classes underflow to 0 (torch errors too)
+            raise ConfigError(
+                f"partition: key 'partition_size' has value {partition_size}; allowed: at most {np.count_nonzero(w)} for client {cid}, "
+                f"whose Dir(alpha={alpha}) draw gives only those samples a positive weight (or a larger alpha)"
+            )
+        out.append(np.sort(rng.choice(n, size=partition_size, replace=False, p=w / w.sum())).astype(np.int64))
+    return out
+
+
 def split_client(
     indices: np.ndarray,
     labels: np.ndarray,
@@ -137,9 +620,9 @@ def split_client(
     sklearn's shuffled `train_test_split`, which is what PFLlib does (75/25), drawn
     from the same RandomState so PFLlib's numbers are reproduced.
     """
-    from sklearn.model_selection import train_test_split
-
     if not stratify:
+        from sklearn.model_selection import train_test_split  # imported here: about 3 s, only the unstratified split needs it
+
         rest, test = train_test_split(indices, test_size=test_fraction, shuffle=True, random_state=rng) if test_fraction > 0 else (indices, indices[:0])
         if val_fraction > 0:
             rest, val = train_test_split(rest, test_size=val_fraction / (1 - test_fraction), shuffle=True, random_state=rng)
