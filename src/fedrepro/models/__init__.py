@@ -103,6 +103,103 @@ def mlp(sample_shape: Sequence[int], num_classes: int, hidden: list | None = Non
     return SplitModel(nn.Sequential(*layers), nn.Linear(dim, num_classes), dim)
 
 
+def fc_head(dim: int, num_classes: int, hidden: int | None = None) -> nn.Module:
+    """The classifier: linear (hidden = None) or a 2-layer FC, dim -> hidden -> ReLU -> classes
+    (GRP-FED's classifier C, "a 2-layer fully-connected (FC)", paper §4.1)."""
+    if hidden is None:
+        return nn.Linear(dim, num_classes)
+    return nn.Sequential(nn.Linear(dim, hidden), nn.ReLU(inplace=True), nn.Linear(hidden, num_classes))
+
+
+_HEAD_HIDDEN = Param(None, "hidden width of a 2-layer FC head (dim -> hidden -> ReLU -> classes, GRP-FED's classifier C); "
+                           "null = a linear head", int, minimum=1)
+
+
+class _BasicBlock1d(nn.Module):
+    """conv(k) -> BN -> ReLU -> conv(k) -> BN, plus the shortcut (1x1 conv + BN where the shape changes), -> ReLU."""
+
+    def __init__(self, cin: int, cout: int, kernel_size: int, stride: int):
+        super().__init__()
+        pad = kernel_size // 2
+        self.conv1 = nn.Conv1d(cin, cout, kernel_size, stride=stride, padding=pad, bias=False)
+        self.bn1 = nn.BatchNorm1d(cout)
+        self.conv2 = nn.Conv1d(cout, cout, kernel_size, padding=pad, bias=False)
+        self.bn2 = nn.BatchNorm1d(cout)
+        self.shortcut = (nn.Sequential(nn.Conv1d(cin, cout, 1, stride=stride, bias=False), nn.BatchNorm1d(cout))
+                         if stride != 1 or cin != cout else nn.Identity())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = torch.relu(self.bn1(self.conv1(x)))
+        return torch.relu(self.bn2(self.conv2(out)) + self.shortcut(x))
+
+
+@MODELS.register(
+    "resnet1d",
+    "5-layer 1-D ResNet for ECG beats (GRP-FED's MIT-BIH extractor): conv(k) -> BN -> ReLU, 2 basic blocks "
+    "(width, 2*width; the second strided), global average pool | head: linear or 2-layer FC",
+    params={
+        "width": Param(64, "[RECON] reconstructed: channels of the stem and first block (the second has 2x); the paper "
+                           "says only '5-layer 1D ResNet' (methods.md §3.1)", int, minimum=1),
+        "kernel_size": Param(7, "[RECON] reconstructed: odd kernel size of every conv (not given in the paper)", int, minimum=1),
+        "head_hidden": _HEAD_HIDDEN,
+    },
+    inputs="1-D signals (1, L) or (L,), e.g. R-peak-centred ECG beat windows",
+)
+def resnet1d(sample_shape: Sequence[int], num_classes: int, width: int = 64, kernel_size: int = 7,
+             head_hidden: int | None = None) -> SplitModel:
+    shape = tuple(sample_shape)
+    layers: list[nn.Module] = [nn.Unflatten(1, (1, shape[0]))] if len(shape) == 1 else []
+    cin = 1 if len(shape) == 1 else shape[0]
+    layers += [
+        nn.Conv1d(cin, width, kernel_size, padding=kernel_size // 2, bias=False), nn.BatchNorm1d(width), nn.ReLU(inplace=True),
+        _BasicBlock1d(width, width, kernel_size, 1),
+        _BasicBlock1d(width, 2 * width, kernel_size, 2),
+        nn.AdaptiveAvgPool1d(1), nn.Flatten(),
+    ]
+    return SplitModel(nn.Sequential(*layers), fc_head(2 * width, num_classes, head_hidden), 2 * width)
+
+
+class _CifarBlock(nn.Module):
+    """He et al.'s CIFAR basic block with the parameter-free option-A shortcut: subsample by the
+    stride and zero-pad the new channels."""
+
+    def __init__(self, cin: int, cout: int, stride: int):
+        super().__init__()
+        self.conv1 = nn.Conv2d(cin, cout, 3, stride=stride, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm2d(cout)
+        self.conv2 = nn.Conv2d(cout, cout, 3, padding=1, bias=False)
+        self.bn2 = nn.BatchNorm2d(cout)
+        self.stride, self.pad = stride, cout - cin
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = torch.relu(self.bn1(self.conv1(x)))
+        out = self.bn2(self.conv2(out))
+        short = x[:, :, :: self.stride, :: self.stride] if self.stride != 1 else x
+        if self.pad:
+            short = nn.functional.pad(short, (0, 0, 0, 0, self.pad // 2, self.pad - self.pad // 2))
+        return torch.relu(out + short)
+
+
+@MODELS.register(
+    "resnet32_cifar",
+    "CIFAR ResNet-32 (He et al. 2016, 6n+2 with n = 5): conv3x3(16) -> BN -> ReLU, 3 stages of 5 basic blocks "
+    "(16, 32, 64 channels; option-A shortcuts), global average pool | head: linear or 2-layer FC "
+    "(GRP-FED's 'ResNet-30', methods.md §3.1)",
+    params={"head_hidden": _HEAD_HIDDEN},
+    inputs="images (C, H, W), e.g. 3x32x32 (64-d features)",
+)
+def resnet32_cifar(sample_shape: Sequence[int], num_classes: int, head_hidden: int | None = None) -> SplitModel:
+    n = 5
+    layers: list[nn.Module] = [nn.Conv2d(sample_shape[0], 16, 3, padding=1, bias=False), nn.BatchNorm2d(16), nn.ReLU(inplace=True)]
+    cin = 16
+    for stage, cout in enumerate((16, 32, 64)):
+        for i in range(n):
+            layers.append(_CifarBlock(cin, cout, 2 if stage > 0 and i == 0 else 1))
+            cin = cout
+    layers += [nn.AdaptiveAvgPool2d(1), nn.Flatten()]
+    return SplitModel(nn.Sequential(*layers), fc_head(64, num_classes, head_hidden), 64)
+
+
 def build_model(name: str, sample_shape: Sequence[int], num_classes: int, params: dict | None = None) -> SplitModel:
     from ..registry import resolve_params
 

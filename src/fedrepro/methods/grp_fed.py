@@ -1,0 +1,217 @@
+"""GRP-FED (Chou et al., "GRP-FED: Addressing Client Imbalance in Federated Learning via
+Global-Regularized Personalization", 2021), Algorithm 1; shared/papers/grp-fed.txt and
+methods.md §3. No public code exists: the equations are missing from the paper text, and
+every value marked [RECON] below is reconstructed (methods.md §3) and is a hyper-parameter.
+
+Models: the global model = global feature extractor F_g + classifier C_g (the cell's model;
+C a 2-layer FC, e.g. the `head_hidden` option of `resnet1d` / `resnet32_cifar`); per client a
+local feature extractor F_l and a discriminator D (2-layer FC, feat -> hidden -> 1), both kept
+on the client and never uploaded. F_l^0 := F_g^0 [RECON]; D^0 is one seeded initialisation.
+
+Server (Algorithm 1, lines 1-14), power q_0 = 10:
+  for t = 1..T: sample S_t; each k in S_t runs Client(F_g, C_g) and returns (F_g,k, C_g,k, L_k);
+    adaptive aggregation [RECON, methods.md §3.3]:
+      p_k = L_k^(q_t) / sum_j L_j^(q_t) = softmax(q_t log L_k),  (F_g, C_g) <- sum_k p_k (F_g,k, C_g,k)
+      (or the exact q-FedAvg step with power q_t, `aggregation: qfedavg`);
+    adaptive power [RECON]: sigma_t = std_k L_k;
+      q_(t+1) = q_t + alpha if sigma_t > sigma_(t-1), else max(0, q_t - alpha)
+      (the first round has no sigma_0: q stays q_0).
+
+Client k (lines 16-39), for E epochs, per batch (x, y):
+  1. global training:  z_g = F_g(x), L_g = CE(C_g(z_g), y); one SGD step on F_g and C_g;
+  2. local training:   z_l = F_l(x), L_l = lam CE(C_g(z_l), y) + (1 - lam) BCE(D(z_l), 1) [RECON];
+                       one SGD step on F_l only (C_g fixed: "we fix the classifier with C_g
+                       during the local training"; D fixed: F_l learns to fool D);
+  3. discriminator:    L_D = BCE(D(z_g), 1) + BCE(D(z_l), 0) with z_g, z_l of this batch detached
+                       (F_g, F_l fixed); one SGD step on D only.
+  L_k = the global training loss [RECON]: CE of the received global model on the client's train
+  split before local training (q-FFL's F_k(w^t)), or the running mean of L_g (`loss_at`).
+  Upload (F_g, C_g, L_k); F_l and D stay on the client.
+
+Evaluation: global = F_g + C_g; personal = F_l + the current global C_g (paper §3.4, local test).
+C_g in step 2 is the client's current copy of the global classifier (just updated in step 1).
+All three parts use the cell's optimizer (paper: SGD, lr 5e-3, momentum 0.9), fresh each round.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.func import functional_call
+
+from ..io import derive_seed
+from ..registry import Param
+from . import register
+from ._fair import global_loss, loss_std, mix, power_weights, qfedavg_step
+from .base import Method, Update, select
+
+
+def make_discriminator(feature_dim: int, hidden: int) -> nn.Module:
+    """D: a 2-layer FC, feat -> hidden -> 1 (a logit; sigmoid + BCE in the loss)."""
+    return nn.Sequential(nn.Linear(feature_dim, hidden), nn.ReLU(inplace=True), nn.Linear(hidden, 1))
+
+
+def next_power(q: float, std: float, prev_std: float, alpha: float) -> float:
+    """GRP-FED's adaptive power: q + alpha if the losses' std grew (fairness got worse),
+    else max(0, q - alpha); unchanged when there is no previous std (the first round)."""
+    if prev_std is None or math.isnan(prev_std):
+        return q
+    return q + alpha if std > prev_std else max(0.0, q - alpha)
+
+
+def local_extractor_loss(logits: torch.Tensor, y: torch.Tensor, d_local: torch.Tensor, lam: float) -> torch.Tensor:
+    """lam * CE(C_g(z_l), y) + (1 - lam) * BCE(D(z_l), 1): classify with the fixed global
+    classifier and make D take the local features for global ones."""
+    return lam * F.cross_entropy(logits, y) + (1 - lam) * F.binary_cross_entropy_with_logits(d_local, torch.ones_like(d_local))
+
+
+def discriminator_loss(d_global: torch.Tensor, d_local: torch.Tensor) -> torch.Tensor:
+    """BCE(D(z_g), 1) + BCE(D(z_l), 0): global features are 'true', local ones 'false'."""
+    return (F.binary_cross_entropy_with_logits(d_global, torch.ones_like(d_global))
+            + F.binary_cross_entropy_with_logits(d_local, torch.zeros_like(d_local)))
+
+
+def _detached(module: nn.Module) -> dict[str, torch.Tensor]:
+    return {k: p.detach() for k, p in module.named_parameters()}
+
+
+@register
+class GRPFed(Method):
+    name = "grp_fed"
+    summary = ("GRP-FED: loss-power (adaptive q) aggregated global model + per-client local extractor on the fixed "
+               "global classifier, regularised by a global/local feature discriminator")
+    paper = "Chou et al., GRP-FED (Global-Regularized Personalization), 2021; shared/papers/grp-fed.txt"
+    hparams = {
+        "q0": Param(10.0, "initial loss power q_0 ('10, the same as q-FFL', paper §4.1)", float, minimum=0),
+        "alpha": Param(0.5, "adjusting rate alpha of the power: q +/- alpha per round (paper §4.1, Eq. 2)", float, minimum=0),
+        "lam": Param(0.5, "[RECON] reconstructed: lambda, the weight of the local CE against the adversarial BCE in "
+                          "lam*CE(C_g(z_l), y) + (1-lam)*BCE(D(z_l), 1); the loss form and the best lambda are missing "
+                          "from the paper text (Fig. 4 sweeps 0.1..0.9; larger lambda = more personalization), "
+                          "methods.md §3.2, §3.4", float, minimum=0, maximum=1),
+        "aggregation": Param("power", "[RECON] reconstructed: the equation is missing from the paper text; 'power' = "
+                                      "p_k = L_k^q / sum_j L_j^q (softmax(q log L_k)), the text's 'weighted by the global "
+                                      "training loss and the adaptive power q' read as normalised q-FFL weights; "
+                                      "'qfedavg' = the exact q-FedAvg step with power q_t and L = 1/lr (methods.md §3.3)",
+                             str, choices=("power", "qfedavg")),
+        "loss_at": Param("start", "[RECON] reconstructed: which 'global training loss' L_k a client reports; 'start' = "
+                                  "CE of the received global model on its train split before local training, as "
+                                  "q-FFL's F_k(w^t); 'train' = the running mean of the global CE during local "
+                                  "training (methods.md §3.2 step 4)", str, choices=("start", "train")),
+        "weight_by_size": Param(False, "[RECON] reconstructed: multiply p_k by the train size n_k; the paper's weights "
+                                       "depend on the loss and q only (methods.md §3.3), so off by default", bool),
+        "disc_hidden": Param(None, "[RECON] reconstructed: hidden width of the 2-layer FC discriminator D, which the "
+                                   "paper does not give; null = the feature dimension (methods.md §3.1)", int, minimum=1),
+        "local_init": Param("global_init", "[RECON] reconstructed: Algorithm 1 line 2 initialises F_l with the other "
+                                           "models, read as F_l^0 := F_g^0 ('global_init', methods.md §3.1); "
+                                           "'received' starts F_l from the global extractor a client first receives",
+                            str, choices=("global_init", "received")),
+    }
+    shared = ("",)
+    has_global = True
+    has_personal = True
+
+    # -- server ---------------------------------------------------------------------
+    def setup(self):
+        super().setup()
+        eng = self.engine
+        self.server["q"] = float(self.hp["q0"])
+        self.server["prev_std"] = float("nan")
+        self.server["init_local"] = select(self.server["global"], ("extractor.",))  # F_l^0 := F_g^0
+        # The client-side modules: a second extractor (F_l) and D, loaded per client from client.state.
+        self._local = copy.deepcopy(eng.model.extractor)
+        dim = eng.model.feature_dim
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(derive_seed(eng.seed, "grp-fed-discriminator"))
+            disc = make_discriminator(dim, self.hp["disc_hidden"] or dim)
+        self._disc = disc.to(eng.device)
+        self._disc_init = {k: v.detach().clone() for k, v in self._disc.state_dict().items()}
+
+    def aggregate(self, updates):
+        if not updates:
+            return
+        losses = [float(u.extras["loss"]) for u in updates]
+        q = self.server["q"]
+        sizes = [float(u.num_samples) for u in updates] if self.hp["weight_by_size"] else None
+        if self.hp["aggregation"] == "power":
+            new = mix(updates, power_weights(losses, q, sizes))
+        else:
+            names = [k for k, _ in self.engine.model.named_parameters()]
+            new = qfedavg_step(self.server["global"], updates, losses, q, 1.0 / self.engine.lr, names, sizes)
+        self.server["global"] = {**self.server["global"], **new}
+        std = loss_std(losses)
+        self.server["q"] = next_power(q, std, self.server["prev_std"], self.hp["alpha"])
+        self.server["prev_std"] = std
+
+    # -- client ---------------------------------------------------------------------
+    def initial_local(self, global_params):
+        """F_l of a client that has not trained yet."""
+        if self.hp["local_init"] == "received":
+            return select(global_params, ("extractor.",))
+        return self.server["init_local"]
+
+    def local_update(self, client, payload):
+        eng, model = self.engine, self.engine.model
+        start = global_loss(eng, client, payload) if self.hp["loss_at"] == "start" else None
+        eng.set_params(payload)
+        local = client.state["local"] if "local" in client.state else self.initial_local(payload)
+        self._local.load_state_dict({k[len("extractor."):]: v for k, v in local.items()})
+        self._disc.load_state_dict(client.state.get("disc", self._disc_init))
+        opt_g = eng.optimizer(model.parameters())
+        opt_l = eng.optimizer(self._local.parameters())
+        opt_d = eng.optimizer(self._disc.parameters())
+        model.train()
+        self._local.train()
+        self._disc.train()
+        total, seen = torch.zeros((), device=eng.device), 0
+        for x, y in eng.batches(client):
+            z_g, loss_g = self.global_step(x, y, opt_g)
+            z_l = self.local_step(x, y, opt_l)
+            self.disc_step(z_g, z_l, opt_d)
+            total += loss_g * len(y)
+            seen += len(y)
+        client.state["local"] = {f"extractor.{k}": v.detach().clone() for k, v in self._local.state_dict().items()}
+        client.state["disc"] = {k: v.detach().clone() for k, v in self._disc.state_dict().items()}
+        train_loss = float(total) / max(seen, 1)
+        return Update(client.id, client.num_train, eng.get_params(self.shared),
+                      extras={"loss": train_loss if start is None else start}, loss=train_loss)
+
+    def global_step(self, x, y, opt):
+        """Step 1: CE of the global model; updates F_g and C_g. Returns z_g (detached) and the loss."""
+        model = self.engine.model
+        z_g = model.extractor(x)
+        loss = F.cross_entropy(model.head(z_g), y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        return z_g.detach().flatten(1), loss.detach()
+
+    def local_step(self, x, y, opt):
+        """Step 2: the local extractor through the fixed global classifier and the fixed D;
+        updates F_l only. Returns z_l (detached)."""
+        head = self.engine.model.head
+        z_l = self._local(x)
+        logits = functional_call(head, _detached(head), (z_l,))
+        d_local = functional_call(self._disc, _detached(self._disc), (z_l.flatten(1),))
+        loss = local_extractor_loss(logits, y, d_local, self.hp["lam"])
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        return z_l.detach().flatten(1)
+
+    def disc_step(self, z_g, z_l, opt):
+        """Step 3: D separates global (true) from local (false) features; updates D only."""
+        loss = discriminator_loss(self._disc(z_g), self._disc(z_l))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        return loss.detach()
+
+    # -- evaluation -------------------------------------------------------------------
+    def personal_params(self, client):
+        # F_l + the current global classifier C_g (and F_l's own BatchNorm statistics).
+        glob = self.server["global"]
+        return {**glob, **client.state.get("local", self.initial_local(glob))}

@@ -1,0 +1,440 @@
+"""q-FFL, AFL, TERM and GRP-FED: loss-based aggregation and GRP-FED's local models.
+
+Each test fails if the method's distinctive mechanism is removed or wrong: the weights and
+steps are checked against hand computations on 2-4 clients with scalar / vector parameters."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.func import functional_call
+
+from fedrepro.engine.run import train_cell
+from fedrepro.methods import METHODS, Update, weighted_average
+from fedrepro.methods._fair import global_loss, loss_std, power_weights, project_simplex, qfedavg_step, tilted_weights
+from fedrepro.methods.afl import ascend_lambda
+from fedrepro.methods.grp_fed import discriminator_loss, next_power
+
+from test_engine import engine_for, strip_timing
+
+
+def method_engine(tiny_partition, make_cell, label, model=None, **hparams):
+    """An engine on the tiny cell running `label` with its defaults overridden; setup() done, round 1."""
+    cell = make_cell("fedavg")
+    defaults = {k: p.default for k, p in METHODS.get(label).hparams.items()}
+    cell.update(method=label, label=label, hparams={**defaults, **hparams})
+    if model is not None:
+        cell["model"] = model
+    eng = engine_for(cell, tiny_partition[0])
+    eng.method.setup()
+    eng.round = 1
+    return eng
+
+
+def fake_updates(eng, losses, shift=(0.1, -0.2, 0.3, 0.05), sizes=None):
+    """Uploads of the first len(losses) clients: the global model shifted by a constant, with a reported loss."""
+    glob = eng.method.server["global"]
+    out = []
+    for i, loss in enumerate(losses):
+        c = eng.clients[i]
+        params = {k: v + shift[i] if v.is_floating_point() else v.clone() for k, v in glob.items()}
+        out.append(Update(c.id, sizes[i] if sizes else c.num_train, params, extras={"loss": loss}, loss=loss))
+    return out
+
+
+def mixed(updates, weights, name):
+    return sum(w * u.params[name] for w, u in zip(weights, updates))
+
+
+# -- shared pieces ----------------------------------------------------------------------------
+
+def test_project_simplex_hand_computed():
+    assert torch.allclose(project_simplex(torch.tensor([0.5, 0.4, 0.3])), torch.tensor([0.5, 0.4, 0.3], dtype=torch.float64) - 0.2 / 3)
+    # sorted u = (1, .1, -.5): rho = 2, theta = (1 - 1.1) / 2 = -0.05
+    assert torch.allclose(project_simplex(torch.tensor([0.1, 1.0, -0.5])), torch.tensor([0.05, 0.95, 0.0], dtype=torch.float64))
+    on = torch.tensor([0.2, 0.3, 0.5], dtype=torch.float64)
+    assert torch.allclose(project_simplex(on), on)  # already on the simplex: unchanged
+    g = torch.Generator().manual_seed(0)
+    for _ in range(20):
+        v = torch.randn(5, generator=g, dtype=torch.float64) * 2
+        x = project_simplex(v)
+        assert (x >= 0).all() and float(x.sum()) == pytest.approx(1.0)
+        for _ in range(20):  # the closest point of the simplex
+            s = torch.distributions.Dirichlet(torch.ones(5, dtype=torch.float64)).sample()
+            assert float((x - v).norm()) <= float((s - v).norm()) + 1e-12
+
+
+def test_power_weights_are_normalised_loss_powers():
+    assert torch.allclose(power_weights([1.0, 2.0], 2.0), torch.tensor([0.2, 0.8], dtype=torch.float64))  # 1 : 4
+    assert torch.allclose(power_weights([1.0, 2.0, 4.0], 0.0), torch.full((3,), 1 / 3, dtype=torch.float64))
+    assert torch.allclose(power_weights([1.0, 1.0], 3.0, sizes=[1, 3]), torch.tensor([0.25, 0.75], dtype=torch.float64))
+    # q = 10 on large losses: L^q overflows float32 (1e40), the log-space softmax does not
+    w = power_weights([1e4, 2e4], 10.0)
+    assert torch.allclose(w, torch.tensor([1 / 1025, 1024 / 1025], dtype=torch.float64))
+    assert torch.isfinite(power_weights([0.0, 1.0], 10.0)).all()
+
+
+def test_tilted_weights_hand_computed():
+    losses, sizes, t = [1.0, 2.0, 3.0], [10.0, 20.0, 30.0], 0.5
+    raw = [n * math.exp(t * l) for n, l in zip(sizes, losses)]
+    assert torch.allclose(tilted_weights(losses, t, sizes), torch.tensor(raw, dtype=torch.float64) / sum(raw))
+    assert torch.allclose(tilted_weights(losses, 0.0, sizes), torch.tensor(sizes, dtype=torch.float64) / 60)
+    assert torch.isfinite(tilted_weights([900.0, 1000.0], 1.0, [1.0, 1.0])).all()  # exp(1000) overflows
+
+
+def test_qfedavg_step_scalar_hand_computed():
+    # w = 1; w_1 = 0, F_1 = 2; w_2 = 0.5, F_2 = 1; q = 1, lr = 0.1 -> L = 10
+    # Δw = (10, 5); Δ = (2*10, 1*5); h = (1*1*100 + 10*2, 1*1*25 + 10*1) = (120, 35)
+    w = {"w": torch.tensor([1.0])}
+    ups = [Update(0, 5, {"w": torch.tensor([0.0])}), Update(1, 5, {"w": torch.tensor([0.5])})]
+    out = qfedavg_step(w, ups, [2.0, 1.0], q=1.0, lipschitz=10.0, param_names=["w"])
+    assert out["w"].item() == pytest.approx(1 - 25 / 155)
+    # q = 0: h_k = L, the step is the plain mean of the client models
+    assert qfedavg_step(w, ups, [2.0, 1.0], q=0.0, lipschitz=10.0, param_names=["w"])["w"].item() == pytest.approx(0.25)
+
+
+def test_qfedavg_step_vector_three_clients_with_buffers():
+    q, L = 2.0, 4.0
+    w = {"a": torch.tensor([1.0, -1.0]), "b": torch.tensor([0.5]), "stat": torch.tensor([2.0]), "n": torch.tensor(3)}
+    models = [([0.5, -1.0], [0.0], [1.0], 4), ([1.0, 0.0], [1.0], [3.0], 7), ([2.0, -2.0], [0.5], [2.0], 5)]
+    ups = [Update(i, 1, {"a": torch.tensor(a), "b": torch.tensor(b), "stat": torch.tensor(s), "n": torch.tensor(n)})
+           for i, (a, b, s, n) in enumerate(models)]
+    losses = [0.5, 1.0, 2.0]
+    out = qfedavg_step(w, ups, losses, q, L, param_names=["a", "b"])  # "stat" is a buffer: not in the norm
+    deltas = [{k: L * (w[k] - u.params[k]) for k in ("a", "b", "stat")} for u in ups]
+    norms = [float(sum((d[k] ** 2).sum() for k in ("a", "b"))) for d in deltas]
+    h = sum(q * f ** (q - 1) * n2 + L * f**q for f, n2 in zip(losses, norms))
+    for k in ("a", "b", "stat"):
+        expected = w[k] - sum(f**q * d[k] for f, d in zip(losses, deltas)) / h
+        assert torch.allclose(out[k], expected, atol=1e-6), k
+    assert out["n"].item() == 7  # integer buffers: the maximum
+    # with sizes: Δ_k and h_k are both multiplied by n_k
+    sizes = [1.0, 2.0, 3.0]
+    out = qfedavg_step(w, ups, losses, q, L, ["a", "b"], sizes=sizes)
+    h = sum(n * (q * f ** (q - 1) * n2 + L * f**q) for n, f, n2 in zip(sizes, losses, norms))
+    expected = w["a"] - sum(n * f**q * d["a"] for n, f, d in zip(sizes, losses, deltas)) / h
+    assert torch.allclose(out["a"], expected, atol=1e-6)
+
+
+def test_loss_std_is_population_std():
+    assert loss_std([1.0, 3.0]) == pytest.approx(1.0)
+    assert loss_std([2.0]) == 0.0
+
+
+# -- q-FFL ----------------------------------------------------------------------------------------
+
+def test_qffl_aggregate_is_the_qfedavg_step_with_L_one_over_lr(tiny_partition, make_cell):
+    eng = method_engine(tiny_partition, make_cell, "qffl", q=2.0)
+    glob = dict(eng.method.server["global"])
+    ups = fake_updates(eng, [0.5, 1.5, 1.0])
+    eng.method.aggregate(ups)
+    names = [k for k, _ in eng.model.named_parameters()]
+    L = 1 / eng.lr
+    norms = [L**2 * sum(float(((glob[k] - u.params[k]) ** 2).sum()) for k in names) for u in ups]
+    f = [0.5, 1.5, 1.0]
+    h = sum(2 * fk * n2 + L * fk**2 for fk, n2 in zip(f, norms))
+    for k in names:
+        expected = glob[k] - sum(fk**2 * L * (glob[k] - u.params[k]) for fk, u in zip(f, ups)) / h
+        assert torch.allclose(eng.method.server["global"][k], expected, atol=1e-6)
+    # the high-loss client pulls hardest: its shift (-0.2) dominates the step
+    step = (eng.method.server["global"]["head.bias"] - glob["head.bias"]).mean().item()
+    assert step < 0
+
+
+def test_qffl_reports_the_start_loss(tiny_partition, make_cell):
+    eng = method_engine(tiny_partition, make_cell, "qffl")
+    client, payload = eng.clients[1], eng.method.broadcast(eng.clients[1])
+    eng.model.eval()
+    with torch.no_grad():
+        expected = F.cross_entropy(functional_call(eng.model, payload, (client.train.x,)), client.train.y).item()
+    assert global_loss(eng, client, payload) == pytest.approx(expected, rel=1e-5)
+    up = eng.method.local_update(client, payload)
+    assert up.extras["loss"] == pytest.approx(expected, rel=1e-5) and up.extras["loss"] != up.loss
+    eng2 = method_engine(tiny_partition, make_cell, "qffl", loss_at="train")
+    up2 = eng2.method.local_update(eng2.clients[1], eng2.method.broadcast(eng2.clients[1]))
+    assert up2.extras["loss"] == up2.loss
+
+
+# -- AFL --------------------------------------------------------------------------------------------
+
+def test_afl_ascent_step_hand_computed():
+    lam = torch.full((4,), 0.25, dtype=torch.float64)
+    # (.25 + .1*2, .25, .25 + .1*1, .25) = (.45, .25, .35, .25), sum 1.3 -> subtract .075
+    new = ascend_lambda(lam, [0, 2], [2.0, 1.0], 0.1)
+    assert torch.allclose(new, torch.tensor([0.375, 0.175, 0.275, 0.175], dtype=torch.float64))
+
+
+def test_afl_persistent_lambda_mixes_then_ascends_and_stays_on_the_simplex(tiny_partition, make_cell):
+    eng = method_engine(tiny_partition, make_cell, "afl", lambda_lr=0.1)
+    afl = eng.method
+    assert torch.allclose(afl.server["lambda"], torch.full((4,), 0.25, dtype=torch.float64))
+    ups = fake_updates(eng, [2.0, 1.0])
+    afl.aggregate(ups)  # round 1 mixes with lambda^1 (uniform over the sampled clients), then ascends
+    assert torch.allclose(afl.server["global"]["head.bias"], mixed(ups, [0.5, 0.5], "head.bias"))
+    # (.25 + .1*2, .25 + .1*1, .25, .25) = (.45, .35, .25, .25), sum 1.3 -> subtract .075
+    assert torch.allclose(afl.server["lambda"], torch.tensor([0.375, 0.275, 0.175, 0.175], dtype=torch.float64))
+    ups = fake_updates(eng, [2.0, 1.0])
+    afl.aggregate(ups)  # round 2 mixes with lambda^2: 0.375 : 0.275
+    assert torch.allclose(afl.server["global"]["head.bias"], mixed(ups, [0.375 / 0.65, 0.275 / 0.65], "head.bias"), atol=1e-6)
+    g = torch.Generator().manual_seed(1)
+    for _ in range(30):  # lambda stays a distribution whatever the losses
+        losses = (torch.rand(4, generator=g) * 5).tolist()
+        afl.aggregate(fake_updates(eng, losses))
+        lam = afl.server["lambda"]
+        assert (lam >= 0).all() and float(lam.sum()) == pytest.approx(1.0)
+    assert afl.server["lambda"].argmax().item() in range(4)
+
+
+def test_afl_prior_step_and_all_zero_weights(tiny_partition, make_cell):
+    eng = method_engine(tiny_partition, make_cell, "afl", lambda_mode="prior_step", lambda_lr=0.1)
+    afl = eng.method
+    n = torch.tensor([float(c.num_train) for c in eng.clients], dtype=torch.float64)
+    ups = fake_updates(eng, [3.0, 0.5])
+    afl.aggregate(ups)
+    lam = project_simplex(n / n.sum() + 0.1 * torch.tensor([3.0, 0.5, 0.0, 0.0], dtype=torch.float64))
+    assert torch.allclose(afl.server["lambda"], lam)
+    w = lam[:2] / lam[:2].sum()
+    assert torch.allclose(afl.server["global"]["head.bias"], mixed(ups, w.tolist(), "head.bias"), atol=1e-6)
+    # persistent lambda that gives the sampled clients no mass: the global model stays
+    eng = method_engine(tiny_partition, make_cell, "afl")
+    eng.method.server["lambda"] = torch.tensor([0.0, 0.0, 0.5, 0.5], dtype=torch.float64)
+    before = dict(eng.method.server["global"])
+    eng.method.aggregate(fake_updates(eng, [1.0, 1.0]))
+    assert all(torch.equal(before[k], eng.method.server["global"][k]) for k in before)
+
+
+def test_afl_average_iterates(tiny_partition, make_cell):
+    eng = method_engine(tiny_partition, make_cell, "afl", average_iterates=True)
+    afl = eng.method
+    iterates = []
+    for losses in ([1.0, 2.0], [2.0, 1.0], [1.0, 1.0]):
+        afl.aggregate(fake_updates(eng, losses))
+        iterates.append(afl.server["global"]["head.bias"].clone())
+    assert torch.allclose(afl.global_params()["head.bias"], torch.stack(iterates).mean(0), atol=1e-6)
+    assert not torch.allclose(afl.global_params()["head.bias"], afl.server["global"]["head.bias"])
+
+
+# -- TERM -------------------------------------------------------------------------------------------
+
+def test_term_weights_are_tilted_sample_weights(tiny_partition, make_cell):
+    eng = method_engine(tiny_partition, make_cell, "term", t=0.7)
+    ups = fake_updates(eng, [0.5, 2.5, 1.0], sizes=[10, 20, 40])
+    eng.method.aggregate(ups)
+    raw = [n * math.exp(0.7 * l) for n, l in zip([10, 20, 40], [0.5, 2.5, 1.0])]
+    w = [r / sum(raw) for r in raw]
+    for k in ("head.weight", "head.bias"):
+        assert torch.allclose(eng.method.server["global"][k], mixed(ups, w, k), atol=1e-6)
+    eng0 = method_engine(tiny_partition, make_cell, "term", t=0.0)  # t = 0 is FedAvg
+    ups = fake_updates(eng0, [0.5, 2.5, 1.0], sizes=[10, 20, 40])
+    eng0.method.aggregate(ups)
+    assert torch.allclose(eng0.method.server["global"]["head.bias"], weighted_average(ups)["head.bias"], atol=1e-6)
+
+
+# -- GRP-FED --------------------------------------------------------------------------------------
+
+def test_grp_fed_power_update_direction():
+    assert next_power(10.0, std=2.0, prev_std=1.0, alpha=0.5) == 10.5  # less fair: q up
+    assert next_power(10.0, std=1.0, prev_std=2.0, alpha=0.5) == 9.5  # fairer: q down
+    assert next_power(10.0, std=1.0, prev_std=1.0, alpha=0.5) == 9.5  # not worse: down
+    assert next_power(0.3, std=1.0, prev_std=2.0, alpha=0.5) == 0.0  # floored at 0
+    assert next_power(10.0, std=1.0, prev_std=float("nan"), alpha=0.5) == 10.0  # first round: no sigma_0
+
+
+def test_grp_fed_aggregation_weights_and_adaptive_power(tiny_partition, make_cell):
+    eng = method_engine(tiny_partition, make_cell, "grp_fed")
+    m = eng.method
+    assert m.server["q"] == 10.0 and m.hp["alpha"] == 0.5
+    ups = fake_updates(eng, [1.0, 2.0])  # std 0.5
+    m.aggregate(ups)  # q_1 = 10: p = (1, 2^10) / (1 + 2^10)
+    w = [1 / 1025, 1024 / 1025]
+    for k in ("head.bias", "extractor.1.weight"):
+        assert torch.allclose(m.server["global"][k], mixed(ups, w, k), atol=1e-6)
+    assert m.server["q"] == 10.0 and m.server["prev_std"] == pytest.approx(0.5)
+    m.aggregate(fake_updates(eng, [1.0, 3.0]))  # std 1 > 0.5: q up
+    assert m.server["q"] == 10.5
+    ups = fake_updates(eng, [1.0, 1.5])  # aggregated with q = 10.5; std 0.25 < 1: q down
+    m.aggregate(ups)
+    w = power_weights([1.0, 1.5], 10.5).tolist()
+    assert torch.allclose(m.server["global"]["head.bias"], mixed(ups, w, "head.bias"), atol=1e-6)
+    assert m.server["q"] == 10.0
+    for losses in ([1.0, 1.4], [1.0, 1.3], [1.0, 1.2]):
+        m.aggregate(fake_updates(eng, losses))
+    assert m.server["q"] == 8.5
+
+
+def test_grp_fed_exact_qfedavg_option(tiny_partition, make_cell):
+    eng = method_engine(tiny_partition, make_cell, "grp_fed", aggregation="qfedavg", q0=3.0)
+    glob = dict(eng.method.server["global"])
+    ups = fake_updates(eng, [0.8, 1.6, 1.2])
+    eng.method.aggregate(ups)
+    names = [k for k, _ in eng.model.named_parameters()]
+    expected = qfedavg_step(glob, ups, [0.8, 1.6, 1.2], 3.0, 1 / eng.lr, names)
+    assert all(torch.allclose(eng.method.server["global"][k], expected[k]) for k in names)
+
+
+def _grad_step(params, loss_of, lr):
+    leaves = {k: v.clone().requires_grad_(True) for k, v in params.items()}
+    grads = torch.autograd.grad(loss_of(leaves), list(leaves.values()))
+    return {k: v - lr * g for (k, v), g in zip(params.items(), grads)}
+
+
+@pytest.mark.parametrize("lam", [0.0, 0.3, 1.0])
+def test_grp_fed_local_step_trains_only_the_local_extractor(tiny_partition, make_cell, lam):
+    eng = method_engine(tiny_partition, make_cell, "grp_fed", lam=lam)
+    m = eng.method
+    c = eng.clients[0]
+    x, y = c.train.x[:16], c.train.y[:16]
+    eng.set_params({k: v + 0.05 for k, v in m.server["global"].items()})  # the client's current F_g, C_g
+    before_model = eng.get_params()
+    before_disc = {k: v.clone() for k, v in m._disc.state_dict().items()}
+    before_local = {k: v.clone() for k, v in m._local.state_dict().items()}
+    head = {k[len("head."):]: v for k, v in before_model.items() if k.startswith("head.")}
+
+    def loss_of(local):  # lam * CE(C_g(F_l(x)), y) + (1 - lam) * BCE(D(F_l(x)), 1), C_g and D fixed
+        z = functional_call(m._local, local, (x,))
+        d = functional_call(m._disc, before_disc, (z,))
+        return lam * F.cross_entropy(functional_call(eng.model.head, head, (z,)), y) \
+            + (1 - lam) * F.binary_cross_entropy_with_logits(d, torch.ones_like(d))
+
+    expected = _grad_step(before_local, loss_of, eng.lr)
+    m.local_step(x, y, eng.optimizer(m._local.parameters()))
+    after_local = m._local.state_dict()
+    assert all(torch.allclose(after_local[k], expected[k], atol=1e-6) for k in expected)
+    assert not torch.allclose(after_local["1.weight"], before_local["1.weight"])
+    # C_g (and F_g) and D are not changed by the local step
+    assert all(torch.equal(before_model[k], v) for k, v in eng.get_params().items())
+    assert all(torch.equal(before_disc[k], v) for k, v in m._disc.state_dict().items())
+
+
+def test_grp_fed_discriminator_step_trains_only_D(tiny_partition, make_cell):
+    eng = method_engine(tiny_partition, make_cell, "grp_fed")
+    m = eng.method
+    g = torch.Generator().manual_seed(0)
+    z_g, z_l = torch.randn(8, eng.model.feature_dim, generator=g), torch.randn(8, eng.model.feature_dim, generator=g) + 1
+    before_disc = {k: v.clone() for k, v in m._disc.state_dict().items()}
+    before_local = {k: v.clone() for k, v in m._local.state_dict().items()}
+    before_model = eng.get_params()
+    expected = _grad_step(before_disc, lambda d: discriminator_loss(functional_call(m._disc, d, (z_g,)),
+                                                                     functional_call(m._disc, d, (z_l,))), eng.lr)
+    m.disc_step(z_g, z_l, eng.optimizer(m._disc.parameters()))
+    assert all(torch.allclose(m._disc.state_dict()[k], expected[k], atol=1e-6) for k in expected)
+    assert not torch.allclose(m._disc.state_dict()["0.weight"], before_disc["0.weight"])
+    assert all(torch.equal(before_local[k], v) for k, v in m._local.state_dict().items())
+    assert all(torch.equal(before_model[k], v) for k, v in eng.get_params().items())
+    # D's loss: BCE(D(z_g), 1) + BCE(D(z_l), 0) -- global features are 'true'
+    assert discriminator_loss(torch.tensor([[20.0]]), torch.tensor([[-20.0]])).item() < 1e-6
+    assert discriminator_loss(torch.tensor([[-20.0]]), torch.tensor([[20.0]])).item() > 20
+
+
+def test_grp_fed_each_part_moves_only_in_its_own_step(tiny_partition, make_cell, monkeypatch):
+    """Through local_update: with the global and D steps disabled, C_g, F_g and D stay as
+    received; with the local and D steps disabled, F_l and D stay; with the global and local
+    steps disabled, only D moves."""
+    def run(disabled):
+        eng = method_engine(tiny_partition, make_cell, "grp_fed")
+        m, c = eng.method, eng.clients[0]
+        model = eng.model
+
+        def frozen_global(x, y, opt):
+            with torch.no_grad():
+                z = model.extractor(x)
+                return z.flatten(1), F.cross_entropy(model.head(z), y)
+
+        def frozen_local(x, y, opt):
+            with torch.no_grad():
+                return m._local(x).flatten(1)
+
+        stubs = {"global": frozen_global, "local": frozen_local, "disc": lambda z_g, z_l, opt: None}
+        for part in disabled:
+            monkeypatch.setattr(m, f"{part}_step", stubs[part])
+        payload = m.broadcast(c)
+        up = m.local_update(c, payload)
+        moved = lambda a, b: any(not torch.equal(a[k], b[k]) for k in a)
+        return {"global": moved(payload, up.params), "local": moved(m.server["init_local"], c.state["local"]),
+                "disc": moved(m._disc_init, c.state["disc"])}
+
+    assert run(["global", "disc"]) == {"global": False, "local": True, "disc": False}
+    assert run(["local", "disc"]) == {"global": True, "local": False, "disc": False}
+    assert run(["global", "local"]) == {"global": False, "local": False, "disc": True}
+
+
+def test_grp_fed_local_update_keeps_F_l_and_D_on_the_client(tiny_partition, make_cell):
+    eng = method_engine(tiny_partition, make_cell, "grp_fed")
+    m = eng.method
+    c = eng.clients[2]
+    init_local = dict(m.server["init_local"])
+    payload = m.broadcast(c)
+    start = global_loss(eng, c, payload)
+    up = m.local_update(c, payload)
+    # the upload: exactly the global model (F_g + C_g) as trained here, and the loss L_k
+    assert set(up.params) == set(eng.model.state_dict()) and set(up.extras) == {"loss"}
+    assert all(torch.equal(up.params[k], v) for k, v in eng.get_params().items())
+    assert up.extras["loss"] == pytest.approx(start)
+    assert not torch.allclose(up.params["head.bias"], payload["head.bias"])  # F_g, C_g trained
+    # F_l and D stay on the client, trained, and differ from what was uploaded
+    local, disc = c.state["local"], c.state["disc"]
+    assert set(local) == {k for k in up.params if k.startswith("extractor.")}
+    assert not torch.allclose(local["extractor.1.weight"], init_local["extractor.1.weight"])
+    assert not torch.allclose(local["extractor.1.weight"], up.params["extractor.1.weight"])
+    assert not torch.allclose(disc["0.weight"], m._disc_init["0.weight"])
+    uploaded = [v for v in list(up.params.values()) + list(up.extras.values()) if isinstance(v, torch.Tensor)]
+    assert not any(t.shape == v.shape and torch.equal(t, v) for t in uploaded for v in list(local.values()) + list(disc.values()))
+    # personal model = F_l + the current global classifier C_g
+    m.aggregate([up])
+    pers = m.personal_params(c)
+    assert all(torch.equal(pers[k], local[k]) for k in local)
+    assert torch.equal(pers["head.weight"], m.server["global"]["head.weight"])
+    # a client that never trained: F_l^0 = F_g^0 (default), or the received extractor ('received')
+    other = eng.clients[3]
+    assert torch.equal(m.personal_params(other)["extractor.1.weight"], init_local["extractor.1.weight"])
+    m.hp["local_init"] = "received"
+    assert torch.equal(m.personal_params(other)["extractor.1.weight"], m.server["global"]["extractor.1.weight"])
+    # the next round starts from the client's stored F_l and D (checked with lr 0: nothing moves)
+    m.hp["local_init"] = "global_init"
+    eng.round = 2
+    eng.training["optimizer"]["lr"] = 0.0
+    c.state["local"] = {k: v + 1.0 for k, v in local.items()}
+    c.state["disc"] = {k: v - 1.0 for k, v in disc.items()}
+    m.local_update(c, m.broadcast(c))
+    assert all(torch.equal(c.state["local"][k], local[k] + 1.0) for k in local)
+    assert all(torch.equal(c.state["disc"][k], disc[k] - 1.0) for k in disc)
+
+
+def test_grp_fed_keeps_the_local_batchnorm_statistics(tiny_partition, make_cell):
+    model = {"name": "resnet32_cifar", "params": {"head_hidden": 8}}
+    eng = method_engine(tiny_partition, make_cell, "grp_fed", model=model)
+    m, c = eng.method, eng.clients[0]
+    up = m.local_update(c, m.broadcast(c))
+    key = "extractor.1.running_mean"
+    assert key in c.state["local"] and not torch.equal(c.state["local"][key], up.params[key])
+    assert "head.2.weight" in up.params  # the 2-layer FC classifier travels with the global model
+    assert torch.equal(m.personal_params(c)[key], c.state["local"][key])
+
+
+@pytest.mark.parametrize("label,hp", [("afl", {"average_iterates": True}), ("grp_fed", {}), ("qffl", {"q": 10.0})])
+def test_resume_after_crash_gives_the_uninterrupted_result(tiny_partition, make_cell, tmp_path, monkeypatch, label, hp):
+    """Server state (AFL's lambda, GRP-FED's q and previous std) and client state (F_l, D) survive a
+    checkpoint loaded with weights_only=True, and the resumed run ends where the uninterrupted one does."""
+    cell = make_cell("fedavg", rounds=3, checkpoint_every=1, eval_every=1)
+    defaults = {k: p.default for k, p in METHODS.get(label).hparams.items()}
+    cell.update(method=label, label=label, hparams={**defaults, **hp})
+    full = train_cell(cell, tiny_partition[0], tmp_path / "full", progress=False)
+    ckpt = tmp_path / "ckpt.pt"
+    cls = METHODS.get(label)
+    original = cls.aggregate
+
+    def crash_in_round_3(self, updates):
+        if self.engine.round == 3:
+            raise KeyboardInterrupt("simulated kill")
+        return original(self, updates)
+
+    monkeypatch.setattr(cls, "aggregate", crash_in_round_3)
+    with pytest.raises(KeyboardInterrupt):
+        train_cell(cell, tiny_partition[0], tmp_path / "resumed", checkpoint=ckpt, progress=False)
+    monkeypatch.setattr(cls, "aggregate", original)
+    resumed = train_cell(cell, tiny_partition[0], tmp_path / "resumed", checkpoint=ckpt, progress=False)
+    assert resumed["resources"]["resumed_from_round"] == 2
+    assert strip_timing(resumed) == strip_timing(full)
