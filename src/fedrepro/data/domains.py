@@ -54,7 +54,7 @@ import pickle
 import shutil
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
@@ -147,6 +147,33 @@ def read_images(paths: Sequence[str], size: int) -> np.ndarray:
     return out
 
 
+def _domain_images_dataset(
+    name: str, paths: list[str], labels: list[int], splits: list[int], dom: list[int], image_size: int, num_classes: int, source: str
+) -> RawDataset:
+    """Image files of several domains as one RawDataset, unnormalised like FedGCR's ToTensor-only loaders (PACS, DomainNet)."""
+    return RawDataset(
+        name=name,
+        x=read_images(paths, image_size),
+        y=np.asarray(labels, dtype=np.int64),
+        num_classes=num_classes,
+        official_split=np.asarray(splits, dtype=np.int8),
+        mean=NO_NORM_MEAN,
+        std=NO_NORM_STD,
+        source=source,
+        groups={"domain": np.asarray(dom, dtype=np.int64)},
+    )
+
+
+def _stack_splits(pieces: Iterable[tuple[int, np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(images, labels, split) from (official split, images, labels) pieces, concatenated in order."""
+    xs, ys, splits = [], [], []
+    for split, x, y in pieces:
+        xs.append(x)
+        ys.append(y)
+        splits.append(np.full(len(y), split, dtype=np.int8))
+    return np.concatenate(xs), np.concatenate(ys), np.concatenate(splits)
+
+
 def _digit_labels(labels: Any, where: str) -> np.ndarray:
     """Integer 0..9 labels from a (N,), (N,1) or one-hot (N,10) array; SVHN-style 10 -> 0."""
     y = np.asarray(labels)
@@ -213,16 +240,14 @@ def _read_pkl_pair(path: Path) -> tuple[np.ndarray, np.ndarray]:
 def read_fedbn_digits(root: Path, domain: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(images NHW[C] uint8, labels, split) of one domain of FedBN's release: parts then test."""
     folder = fedbn_dir(root, domain)
-    xs, ys, splits = [], [], []
+    pieces = []
     for split, files in ((0, _fedbn_parts(folder)), (1, [folder / "test.pkl"])):
         for f in files:
             x, y = _read_pkl_pair(f)
             if len(x) != len(y):
                 raise DataMissingError(f"{f}: {len(x)} images but {len(y)} labels")
-            xs.append(x)
-            ys.append(y)
-            splits.append(np.full(len(y), split, dtype=np.int8))
-    return np.concatenate(xs), np.concatenate(ys), np.concatenate(splits)
+            pieces.append((split, x, y))
+    return _stack_splits(pieces)
 
 
 def _find_dir_containing(base: Path, name: str, depth: int = 3) -> Path | None:
@@ -295,10 +320,14 @@ def _mnistm_orig_present(root: Path) -> bool:
     return all(p.exists() for p in _mnistm_orig_files(root))
 
 
+def _mnistm_orig_missing(root: Path) -> list[str]:
+    return [str(p.relative_to(root)) for p in _mnistm_orig_files(root) if not p.exists()]
+
+
 def read_mnistm_original(root: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Ganin's folders: mnist_m_<split>/<name>.png listed in mnist_m_<split>_labels.txt."""
     d = Path(root) / MNISTM_ORIG_DIR
-    xs, ys, splits = [], [], []
+    pieces = []
     for split, name in ((0, "train"), (1, "test")):
         names, labels = [], []
         for line in (d / f"mnist_m_{name}_labels.txt").read_text().splitlines():
@@ -309,10 +338,9 @@ def read_mnistm_original(root: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray
         missing = [n for n in names if not os.path.isfile(n)]
         if missing:
             raise DataMissingError(f"MNIST-M: {len(missing)} images listed in mnist_m_{name}_labels.txt are missing, e.g. {missing[:3]}")
-        xs.append(read_images(names, 28).transpose(0, 2, 3, 1))  # back to NHWC like the other readers
-        ys.append(_digit_labels(labels, str(d / f"mnist_m_{name}_labels.txt")))
-        splits.append(np.full(len(names), split, dtype=np.int8))
-    return np.concatenate(xs), np.concatenate(ys), np.concatenate(splits)
+        x = read_images(names, 28).transpose(0, 2, 3, 1)  # back to NHWC like the other readers
+        pieces.append((split, x, _digit_labels(labels, str(d / f"mnist_m_{name}_labels.txt"))))
+    return _stack_splits(pieces)
 
 
 def _mnistm_how() -> list[str]:
@@ -331,17 +359,24 @@ def _pick_layout(root: Path, layout: str, fedbn_ok: bool, orig_ok: bool) -> str 
     return "fedbn" if fedbn_ok else ("original" if orig_ok else None)
 
 
-def read_mnistm(root: Path, layout: str = "auto") -> tuple[np.ndarray, np.ndarray, np.ndarray, str]:
-    """(NHWC uint8 images, labels, split, layout used); DataMissingError at once if absent."""
-    root = Path(root)
-    chosen = _pick_layout(root, layout, fedbn_present(root, "mnistm"), _mnistm_orig_present(root))
+def _read_layout(root: Path, layout: str, domain: str, title: str, orig_missing: list[str], how: list[str]) -> str:
+    """The layout to read a two-release digit domain (mnistm, syn) from; if there is none, a DataMissingError
+    naming what each allowed layout lacks."""
+    chosen = _pick_layout(root, layout, fedbn_present(root, domain), not orig_missing)
     if chosen is None:
         expected = []
         if layout in ("auto", "fedbn"):
-            expected += _fedbn_expected(root, ["mnistm"])
+            expected += _fedbn_expected(root, [domain])
         if layout in ("auto", "original"):
-            expected += [str(p.relative_to(root)) for p in _mnistm_orig_files(root) if not p.exists()]
-        raise _missing(f"MNIST-M files (layout={layout!r}) are", root, expected, _mnistm_how())
+            expected += orig_missing
+        raise _missing(f"{title} files (layout={layout!r}) are", root, expected, how)
+    return chosen
+
+
+def read_mnistm(root: Path, layout: str = "auto") -> tuple[np.ndarray, np.ndarray, np.ndarray, str]:
+    """(NHWC uint8 images, labels, split, layout used); DataMissingError at once if absent."""
+    root = Path(root)
+    chosen = _read_layout(root, layout, "mnistm", "MNIST-M", _mnistm_orig_missing(root), _mnistm_how())
     if chosen == "fedbn":
         x, y, s = read_fedbn_digits(root, "mnistm")
         if x.ndim == 3:  # defensively accept a grayscale variant
@@ -355,23 +390,27 @@ def _prepare_mnistm(root: Path, params: dict) -> None:
     if _pick_layout(root, params["layout"], fedbn_present(root, "mnistm"), _mnistm_orig_present(root)):
         return
     if params["layout"] == "original":
-        raise _missing("MNIST-M original files are", root / MNISTM_ORIG_DIR,
-                       [str(p.relative_to(root)) for p in _mnistm_orig_files(root) if not p.exists()], _mnistm_how()[-1:])
+        raise _missing("MNIST-M original files are", root / MNISTM_ORIG_DIR, _mnistm_orig_missing(root), _mnistm_how()[-1:])
     _prepare_fedbn_digits(root, ["mnistm"])
 
 
-def _load_mnistm(root: Path, params: dict) -> RawDataset:
-    x, y, split, layout = read_mnistm(root, params["layout"])
+def _load_layout_digits(name: str, read: Callable[[Path, str], tuple], source: str, root: Path, params: dict) -> RawDataset:
+    """A single digit domain (mnistm, syn) as 3-channel images, with the layout it was read from in `source`."""
+    x, y, split, layout = read(root, params["layout"])
     return RawDataset(
-        name="mnistm",
+        name=name,
         x=to_rgb_chw(x),
         y=y,
         num_classes=10,
         official_split=split,
         mean=DIGIT_MEAN,
         std=DIGIT_STD,
-        source=f"{MNISTM_SOURCE} [layout: {layout}]",
+        source=f"{source} [layout: {layout}]",
     )
+
+
+def _load_mnistm(root: Path, params: dict) -> RawDataset:
+    return _load_layout_digits("mnistm", read_mnistm, MNISTM_SOURCE, root, params)
 
 
 LAYOUT_PARAM = Param(
@@ -413,6 +452,10 @@ def _syn_orig_present(root: Path) -> bool:
     return all((Path(root) / SYN_ORIG_DIR / f).is_file() for f in SYN_ORIG_FILES)
 
 
+def _syn_orig_missing(root: Path) -> list[str]:
+    return [f"{SYN_ORIG_DIR}/{f}" for f in SYN_ORIG_FILES if not (root / SYN_ORIG_DIR / f).is_file()]
+
+
 def _read_svhn_style_mat(path: Path) -> tuple[np.ndarray, np.ndarray]:
     """SVHN-format .mat: X (32, 32, 3, N) uint8, y (N, 1) -> (N, 32, 32, 3), labels (10 -> 0)."""
     import scipy.io as sio
@@ -427,25 +470,17 @@ def _read_svhn_style_mat(path: Path) -> tuple[np.ndarray, np.ndarray]:
     return x, _digit_labels(mat["y"], str(path))
 
 
+def _read_mat_splits(folder: Path, files: Sequence[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """SVHN-format train then test .mat files of one folder as (NHWC uint8, labels, split) (SVHN, SynthDigits)."""
+    return _stack_splits((split, *_read_svhn_style_mat(folder / f)) for split, f in enumerate(files))
+
+
 def read_syn(root: Path, layout: str = "auto") -> tuple[np.ndarray, np.ndarray, np.ndarray, str]:
     root = Path(root)
-    chosen = _pick_layout(root, layout, fedbn_present(root, "syn"), _syn_orig_present(root))
-    if chosen is None:
-        expected = []
-        if layout in ("auto", "fedbn"):
-            expected += _fedbn_expected(root, ["syn"])
-        if layout in ("auto", "original"):
-            expected += [f"{SYN_ORIG_DIR}/{f}" for f in SYN_ORIG_FILES if not (root / SYN_ORIG_DIR / f).is_file()]
-        raise _missing(f"SynthDigits files (layout={layout!r}) are", root, expected, _syn_how())
+    chosen = _read_layout(root, layout, "syn", "SynthDigits", _syn_orig_missing(root), _syn_how())
     if chosen == "fedbn":
         return (*read_fedbn_digits(root, "syn"), chosen)
-    xs, ys, splits = [], [], []
-    for split, f in enumerate(SYN_ORIG_FILES):
-        x, y = _read_svhn_style_mat(root / SYN_ORIG_DIR / f)
-        xs.append(x)
-        ys.append(y)
-        splits.append(np.full(len(y), split, dtype=np.int8))
-    return np.concatenate(xs), np.concatenate(ys), np.concatenate(splits), chosen
+    return (*_read_mat_splits(root / SYN_ORIG_DIR, SYN_ORIG_FILES), chosen)
 
 
 def _syn_how() -> list[str]:
@@ -465,17 +500,7 @@ def _prepare_syn(root: Path, params: dict) -> None:
 
 
 def _load_syn(root: Path, params: dict) -> RawDataset:
-    x, y, split, layout = read_syn(root, params["layout"])
-    return RawDataset(
-        name="syn",
-        x=to_rgb_chw(x),
-        y=y,
-        num_classes=10,
-        official_split=split,
-        mean=DIGIT_MEAN,
-        std=DIGIT_STD,
-        source=f"{SYN_SOURCE} [layout: {layout}]",
-    )
+    return _load_layout_digits("syn", read_syn, SYN_SOURCE, root, params)
 
 
 _register(
@@ -526,32 +551,25 @@ def _tv_missing(root: Path, domain: str) -> list[str]:
 def _read_tv_domain(root: Path, domain: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """MNIST / SVHN / USPS with their official train/test splits: (NHW[C] uint8, labels, split)."""
     root = Path(root)
-    xs, ys, splits = [], [], []
     if domain == "svhn":
         # A small private reader of the torchvision SVHN layout (torchvision's class insists on
         # the MD5 of the full files); same arrays: X (32,32,3,N), y with 10 meaning digit 0.
-        for split, f in enumerate(SVHN_FILES):
-            x, y = _read_svhn_style_mat(root / SVHN_DIR / f)
-            xs.append(x)
-            ys.append(y)
-            splits.append(np.full(len(y), split, dtype=np.int8))
-    else:
-        from torchvision import datasets as tvd
+        return _read_mat_splits(root / SVHN_DIR, SVHN_FILES)
+    from torchvision import datasets as tvd
 
-        for split, train in ((0, True), (1, False)):
-            try:
-                if domain == "mnist":
-                    ds = tvd.MNIST(str(root), train=train, download=False)
-                    x, y = ds.data.numpy(), ds.targets.numpy()
-                else:
-                    ds = tvd.USPS(str(root / USPS_DIR), train=train, download=False)
-                    x, y = np.asarray(ds.data), np.asarray(ds.targets)
-            except (RuntimeError, OSError, ValueError, EOFError) as exc:
-                raise DataMissingError(f"cannot read {domain.upper()} under {root}: {exc}") from None
-            xs.append(np.asarray(x, dtype=np.uint8))
-            ys.append(_digit_labels(y, domain))
-            splits.append(np.full(len(y), split, dtype=np.int8))
-    return np.concatenate(xs), np.concatenate(ys), np.concatenate(splits)
+    pieces = []
+    for split, train in ((0, True), (1, False)):
+        try:
+            if domain == "mnist":
+                ds = tvd.MNIST(str(root), train=train, download=False)
+                x, y = ds.data.numpy(), ds.targets.numpy()
+            else:
+                ds = tvd.USPS(str(root / USPS_DIR), train=train, download=False)
+                x, y = np.asarray(ds.data), np.asarray(ds.targets)
+        except (RuntimeError, OSError, ValueError, EOFError) as exc:
+            raise DataMissingError(f"cannot read {domain.upper()} under {root}: {exc}") from None
+        pieces.append((split, np.asarray(x, dtype=np.uint8), _digit_labels(y, domain)))
+    return _stack_splits(pieces)
 
 
 def _digit5_missing(root: Path, domains: Sequence[str], source: str) -> list[str]:
@@ -795,17 +813,8 @@ def _load_pacs(root: Path, params: dict) -> RawDataset:
         labels += y
         splits += s
         dom += [i] * len(p)
-    return RawDataset(
-        name="pacs",
-        x=read_images(paths, int(params["image_size"])),
-        y=np.asarray(labels, dtype=np.int64),
-        num_classes=len(PACS_CLASSES),
-        official_split=np.asarray(splits, dtype=np.int8),
-        mean=NO_NORM_MEAN,
-        std=NO_NORM_STD,
-        source=f"{PACS_SOURCE} [domains (id order): {', '.join(domains)}; split: {params['split']}]",
-        groups={"domain": np.asarray(dom, dtype=np.int64)},
-    )
+    source = f"{PACS_SOURCE} [domains (id order): {', '.join(domains)}; split: {params['split']}]"
+    return _domain_images_dataset("pacs", paths, labels, splits, dom, int(params["image_size"]), len(PACS_CLASSES), source)
 
 
 _register(
@@ -953,17 +962,8 @@ def _load_domainnet(root: Path, params: dict) -> RawDataset:
             f"DomainNet: {len(absent)} images listed in the split files are missing, e.g. {absent[:3]}\n"
             + "\n".join(_domainnet_how(domains))
         )
-    return RawDataset(
-        name="domainnet",
-        x=read_images(paths, int(params["image_size"])),
-        y=np.asarray(labels, dtype=np.int64),
-        num_classes=len(classes),
-        official_split=np.asarray(splits, dtype=np.int8),
-        mean=NO_NORM_MEAN,
-        std=NO_NORM_STD,
-        source=f"{DOMAINNET_SOURCE} [domains (id order): {', '.join(domains)}; classes (label order): {', '.join(classes)}]",
-        groups={"domain": np.asarray(dom, dtype=np.int64)},
-    )
+    source = f"{DOMAINNET_SOURCE} [domains (id order): {', '.join(domains)}; classes (label order): {', '.join(classes)}]"
+    return _domain_images_dataset("domainnet", paths, labels, splits, dom, int(params["image_size"]), len(classes), source)
 
 
 _register(

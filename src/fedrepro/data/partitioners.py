@@ -26,6 +26,27 @@ def _check_clients(labels: np.ndarray, num_clients: int) -> None:
         raise ConfigError(f"partition: key 'num_clients' has value {num_clients}; allowed: at most the {len(labels)} samples of the dataset")
 
 
+def _check_min_partition_size(n: int, num_clients: int, min_partition_size: int) -> None:
+    """Refuse a minimum client size that the n samples cannot give every client."""
+    if min_partition_size * num_clients > n:
+        raise ConfigError(
+            f"partition: key 'min_partition_size' has value {min_partition_size}; allowed: at most "
+            f"{n // num_clients} for {n} samples over {num_clients} clients"
+        )
+
+
+def _check_classes_per_partition(s: int, c: int) -> None:
+    if s > c:
+        raise ConfigError(f"partition: key 'num_classes_per_partition' has value {s}; allowed: at most the {c} classes of the dataset")
+
+
+def _cyclic_classes(num_clients: int, classes: np.ndarray, s: int, order: np.ndarray) -> list[list[int]]:
+    """Client i's S classes classes[order[(i*S + j) mod C]]: every class goes to the same number of
+    clients when N*S is a multiple of C."""
+    c = len(classes)
+    return [[int(classes[order[(i * s + j) % c]]) for j in range(s)] for i in range(num_clients)]
+
+
 @PARTITIONERS.register("iid", "uniformly random, equal-size client shards")
 def iid_partition(labels: np.ndarray, num_clients: int, rng: np.random.RandomState) -> list[np.ndarray]:
     _check_clients(labels, num_clients)
@@ -74,11 +95,7 @@ def dirichlet_partition(
     _check_clients(labels, num_clients)
     n = len(labels)
     classes = np.unique(labels)
-    if min_partition_size * num_clients > n:
-        raise ConfigError(
-            f"partition: key 'min_partition_size' has value {min_partition_size}; allowed: at most "
-            f"{n // num_clients} for {n} samples over {num_clients} clients"
-        )
+    _check_min_partition_size(n, num_clients, min_partition_size)
     for _ in range(max_retries):
         idx_batch: list[list[int]] = [[] for _ in range(num_clients)]
         for k in classes:
@@ -119,13 +136,12 @@ def pathological_partition(
     classes = np.unique(labels)
     c = len(classes)
     s = num_classes_per_partition
-    if s > c:
-        raise ConfigError(f"partition: key 'num_classes_per_partition' has value {s}; allowed: at most the {c} classes of the dataset")
+    _check_classes_per_partition(s, c)
     order = rng.permutation(c) if class_assignment == "deterministic" else np.arange(c)
     holders: dict[int, list[int]] = {int(k): [] for k in classes}
-    for i in range(num_clients):
-        for j in range(s):
-            holders[int(classes[order[(i * s + j) % c]])].append(i)
+    for i, mine in enumerate(_cyclic_classes(num_clients, classes, s, order)):
+        for k in mine:
+            holders[k].append(i)
     parts: list[list[np.ndarray]] = [[] for _ in range(num_clients)]
     for k, owners in holders.items():
         if not owners:
@@ -200,11 +216,7 @@ def quantity_skew_sizes(
 ) -> np.ndarray:
     """Client sizes: `min_partition_size` each plus the rest of the n samples apportioned by
     weights drawn i.i.d. from a log-normal (sigma) or a Pareto power law (density ∝ w^-exponent, w >= 1)."""
-    if min_partition_size * num_clients > n:
-        raise ConfigError(
-            f"partition: key 'min_partition_size' has value {min_partition_size}; allowed: at most "
-            f"{n // num_clients} for {n} samples over {num_clients} clients"
-        )
+    _check_min_partition_size(n, num_clients, min_partition_size)
     if distribution == "lognormal":
         weights = rng.lognormal(mean=0.0, sigma=sigma, size=num_clients)
     else:
@@ -501,8 +513,7 @@ def natural_id_partition(
 def _label_quantity_classes(num_clients: int, classes: np.ndarray, s: int, rng: np.random.RandomState, mode: str) -> list[list[int]]:
     c = len(classes)
     if mode == "deterministic":
-        order = rng.permutation(c)
-        return [[int(classes[order[(i * s + j) % c]]) for j in range(s)] for i in range(num_clients)]
+        return _cyclic_classes(num_clients, classes, s, rng.permutation(c))
     out = []  # Plato's sampler_utils.assign_sub_classes: class i mod C, then S - 1 distinct random ones
     for i in range(num_clients):
         mine = [int(classes[i % c])]
@@ -541,8 +552,7 @@ def label_quantity_partition(
     _check_clients(labels, num_clients)
     classes, counts = np.unique(labels, return_counts=True)
     s = num_classes_per_partition
-    if s > len(classes):
-        raise ConfigError(f"partition: key 'num_classes_per_partition' has value {s}; allowed: at most the {len(classes)} classes of the dataset")
+    _check_classes_per_partition(s, len(classes))
     owned = _label_quantity_classes(num_clients, classes, s, rng, class_assignment)
     col = {int(k): j for j, k in enumerate(classes)}
 
