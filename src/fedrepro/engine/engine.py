@@ -238,21 +238,31 @@ class Engine:
         never changes training.
         """
         self.set_params(params)
-        feats, y = self.features(client.train.x), client.train.y
+        feats = self.features(client.train.x)
+        opt = torch.optim.SGD(self.model.head.parameters(), lr=lr, momentum=momentum)
+        self.fit_head(feats, client.train.y, epochs=epochs, batch_size=batch_size, opt=opt,
+                      g=self.generator("finetune", self.round, client.id))
+        return self.get_params(("head.",))
+
+    def fit_head(self, z: torch.Tensor, y: torch.Tensor, *, epochs: int, batch_size: int, opt: torch.optim.Optimizer,
+                 g: torch.Generator, loss_fn: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+                 drop_last: bool = False) -> None:
+        """Train the model's head in place on fixed representations `z` (computed once, the
+        extractor frozen): index-sliced batches in the order drawn from `g`; `loss_fn(logits,
+        z, y)` replaces cross-entropy (FedCRC's KL-guided global head)."""
         head = self.model.head
         head.train()
-        opt = torch.optim.SGD(head.parameters(), lr=lr, momentum=momentum)
-        g = self.generator("finetune", self.round, client.id)
         n = len(y)
+        stop = n - n % batch_size if drop_last and n >= batch_size else n
         for _ in range(epochs):
-            perm = torch.randperm(n, generator=g).to(self.device)
-            for start in range(0, n, batch_size):
+            perm = torch.randperm(n, generator=g).to(y.device)
+            for start in range(0, stop, batch_size):
                 idx = perm[start : start + batch_size]
-                loss = F.cross_entropy(head(feats[idx]), y[idx])
+                logits = head(z[idx])
+                loss = F.cross_entropy(logits, y[idx]) if loss_fn is None else loss_fn(logits, z[idx], y[idx])
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
                 opt.step()
-        return self.get_params(("head.",))
 
     @torch.no_grad()
     def predict(self, params: dict[str, torch.Tensor], x: torch.Tensor) -> np.ndarray:

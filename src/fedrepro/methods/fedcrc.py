@@ -99,19 +99,10 @@ class FedCRC(Method):
         if z is None:
             eng.fit(client, epochs=epochs, trainable=("head.",), loss_fn=lambda b: loss(b.logits, b.features, b.y))
             return eng.get_params(("head.",))
-        head, y, t = eng.model.head, client.train.y, eng.training
-        epochs, bs, n = t["local_epochs"] if epochs is None else epochs, t["batch_size"], len(y)
-        stop = n - n % bs if t["drop_last"] and n >= bs else n
-        opt, g = eng.optimizer(head.parameters()), eng.generator(f"fedcrc-{which}-head", eng.round, client.id)
-        head.train()
-        for _ in range(epochs):
-            perm = torch.randperm(n, generator=g).to(y.device)
-            for i in range(0, stop, bs):
-                idx = perm[i : i + bs]
-                batch_loss = loss(head(z[idx]), z[idx], y[idx])
-                opt.zero_grad(set_to_none=True)
-                batch_loss.backward()
-                opt.step()
+        t = eng.training
+        eng.fit_head(z, client.train.y, epochs=t["local_epochs"] if epochs is None else epochs, batch_size=t["batch_size"],
+                     opt=eng.optimizer(eng.model.head.parameters()), g=eng.generator(f"fedcrc-{which}-head", eng.round, client.id),
+                     loss_fn=loss, drop_last=t["drop_last"])
         return eng.get_params(("head.",))
 
     def global_head_loss(self, h_i: Params):
