@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import errno
 import sys
 from pathlib import Path
 
@@ -208,6 +209,11 @@ def main(argv: list[str] | None = None) -> int:
         args.func(args)
     except (ConfigError, DataMissingError, ShardChecksumError) as exc:
         print(f"fedrepro {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        if exc.errno != errno.ENOSPC:
+            raise
+        print(f"fedrepro {args.command}: error: {exc.strerror if exc.filename is None else exc}", file=sys.stderr)
         return 2
     return 0
 

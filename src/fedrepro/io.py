@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import os
@@ -12,6 +13,15 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import numpy as np
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+_UMASK = _umask()
 
 
 @contextlib.contextmanager
@@ -26,11 +36,18 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.close(fd)
     tmp_path = Path(tmp)
+    os.chmod(tmp_path, 0o666 & ~_UMASK)  # mkstemp's 0600 would hide results from collaborators
     try:
         yield tmp_path
         with open(tmp_path, "rb") as fh:
             os.fsync(fh.fileno())
         os.replace(tmp_path, path)
+    except OSError as exc:
+        with contextlib.suppress(FileNotFoundError):
+            tmp_path.unlink()
+        if exc.errno == errno.ENOSPC:  # name the file: the bare errno does not
+            raise OSError(exc.errno, f"No space left on device: cannot write {path} (nothing was written)") from exc
+        raise
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             tmp_path.unlink()

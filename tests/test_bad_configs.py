@@ -1,0 +1,104 @@
+"""Malformed experiment configs: the documented messages (docs/bad_configs.md) are the
+real ones, and each config is rejected before any job runs.
+
+The cases are tests/test_config.py's `BAD` list (imported through
+workflow/scripts/bad_configs_doc.py, which generates the document).
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib.util
+import os
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from conftest import REPO
+from fedrepro.cli import main as fedrepro_main
+
+_spec = importlib.util.spec_from_file_location("bad_configs_doc", REPO / "workflow" / "scripts" / "bad_configs_doc.py")
+doc = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(doc)
+
+REGENERATE = ".venv/bin/python workflow/scripts/bad_configs_doc.py"
+
+
+@pytest.fixture(scope="module")
+def rows() -> list[dict]:
+    return doc.collect()
+
+
+def row(rows: list[dict], case_id: str) -> dict:
+    return next(r for r in rows if r["id"] == case_id)
+
+
+def test_doc_is_in_sync_with_the_actual_messages(rows):
+    expected = doc.render(rows)
+    actual = doc.DOC.read_text() if doc.DOC.exists() else ""
+    if actual != expected:
+        diff = "".join(difflib.unified_diff(actual.splitlines(True), expected.splitlines(True),
+                                            "docs/bad_configs.md", "regenerated", n=1))
+        pytest.fail(f"docs/bad_configs.md is out of date; regenerate it with `{REGENERATE}`:\n{diff[:6000]}")
+
+
+def test_script_check_mode_agrees(tmp_path):
+    stale = tmp_path / "bad_configs.md"
+    stale.write_text("# outdated\n")
+    assert doc.main(["--check", "--out", str(stale)]) == 1
+    assert doc.main(["--out", str(stale)]) == 0
+    assert doc.main(["--check", "--out", str(stale)]) == 0
+
+
+def test_at_least_20_cases_each_naming_key_value_and_what_is_allowed(rows):
+    assert len(rows) >= 20
+    assert len({r["id"] for r in rows}) == len(rows)
+    cases = {case_id: expected for case_id, _, expected in doc.load_cases()}
+    text = doc.DOC.read_text()
+    for r in rows:
+        msg = r["message"]
+        assert msg.startswith("config key '"), msg  # the key
+        assert "allowed" in msg or "required" in msg, msg  # what is allowed
+        assert all(s in msg for s in cases[r["id"]]), (msg, cases[r["id"]])  # the value, per test_config.py
+        assert f"## {r['id']}\n" in text and f"```\n{msg}\n```" in text
+
+
+def test_cases_cover_the_kinds_of_mistakes(rows):
+    ids = {r["id"] for r in rows}
+    for case_id in ("unknown-method", "unknown-dataset", "negative-rounds", "alpha-zero",  # Dirichlet concentration <= 0
+                    "participation-fraction-above-1", "classes-per-partition-above-classes", "missing-seeds",
+                    "rounds-wrong-type", "alpha-wrong-type", "unknown-hparam", "unknown-partitioner-param"):
+        assert case_id in ids
+
+
+def test_fedrepro_validate_rejects_every_case_with_the_documented_message(rows, tmp_path, capsys):
+    for r in rows:
+        path = tmp_path / f"{r['id']}.yaml"
+        path.write_text(yaml.safe_dump(r["config"], sort_keys=False))
+        assert fedrepro_main(["validate", str(path)]) == 2, r["id"]
+        err = capsys.readouterr().err
+        assert err.strip() == f"fedrepro validate: error: {r['message']}", r["id"]
+
+
+SNAKEMAKE_CASES = ["unknown-method", "negative-rounds", "alpha-zero", "participation-fraction-above-1",
+                   "classes-per-partition-above-classes", "missing-seeds", "unknown-hparam", "rounds-wrong-type"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case_id", SNAKEMAKE_CASES)
+def test_snakemake_dry_run_stops_with_the_documented_message_before_any_job(rows, tmp_path, case_id):
+    r = row(rows, case_id)
+    (tmp_path / "bad.yaml").write_text(yaml.safe_dump(r["config"], sort_keys=False))
+    env = {**os.environ, "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"]}
+    proc = subprocess.run([sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "--directory", str(tmp_path),
+                           "-n", "--configfile", "bad.yaml"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=300)
+    text = proc.stdout + proc.stderr
+    assert proc.returncode != 0
+    assert doc.SNAKEMAKE_PREFIX + r["message"] in text.splitlines(), text[-3000:]
+    assert r["message"] in doc.DOC.read_text()
+    # stopped while parsing: no DAG, no job, nothing written
+    assert "Building DAG" not in text and "Job stats" not in text and "rule " not in text
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name != ".snakemake") == ["bad.yaml"]
