@@ -71,3 +71,18 @@ def make_cell(tiny_partition):
         return cell
 
     return make
+
+
+def method_engine(tiny_partition, make_cell, name: str, hparams: dict | None = None, **training):
+    """An Engine on the tiny partition running method `name` with its defaults overlaid by
+    `hparams` (the method tests' common setup)."""
+    from fedrepro.engine.data import load_clients
+    from fedrepro.engine.engine import Engine
+    from fedrepro.data.shards import load_partition
+    from fedrepro.methods import METHODS
+
+    cell = make_cell("fedavg", **training)
+    defaults = {k: p.default for k, p in METHODS.get(name).hparams.items()}
+    cell.update(method=name, label=name, hparams={**defaults, **(hparams or {})})
+    manifest, shards = load_partition(tiny_partition[0])
+    return Engine(cell, manifest, load_clients(manifest, shards, torch.device("cpu")), torch.device("cpu"), progress=False)

@@ -13,26 +13,15 @@ import torch
 import torch.nn.functional as F
 
 from fedrepro.engine.engine import Batch
-from fedrepro.methods import METHODS, Update, payload_bytes
+from fedrepro.methods import Update, payload_bytes
 from fedrepro.methods import fedcosr
 from fedrepro.methods.fedcosr import info_nce
 
-from test_engine import engine_for
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+from conftest import method_engine
 
 
 def make_engine(tiny_partition, make_cell, training=None, **hparams):
-    cell = make_cell("fedavg", **(training or {}))
-    defaults = {k: p.default for k, p in METHODS.get("fedcosr").hparams.items()}
-    cell.update(method="fedcosr", label="fedcosr", hparams={**defaults, **hparams})
-    eng = engine_for(cell, tiny_partition[0])
+    eng = method_engine(tiny_partition, make_cell, "fedcosr", hparams, **(training or {}))
     eng.method.setup()
     eng.round = 1
     return eng

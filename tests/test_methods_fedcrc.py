@@ -12,22 +12,11 @@ import torch.nn.functional as F
 
 from fedrepro.methods import METHODS, Update
 
-from test_engine import engine_for
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+from conftest import method_engine
 
 
 def make_engine(tiny_partition, make_cell, hparams=None, **training):
-    cell = make_cell("fedavg", **training)
-    defaults = {k: p.default for k, p in METHODS.get("fedcrc").hparams.items()}
-    cell.update(method="fedcrc", label="fedcrc", hparams={**defaults, **(hparams or {})})
-    return engine_for(cell, tiny_partition[0])
+    return method_engine(tiny_partition, make_cell, "fedcrc", hparams, **training)
 
 
 def ready(eng, round=1):

@@ -8,28 +8,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fedrepro.methods import METHODS
-
-from test_engine import engine_for
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models train far faster on one thread than on two shared cores; restored after."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
+from conftest import method_engine
 
 FAST = {"fedrep": {"head_epochs": 2}, "fedbabu": {"finetune_epochs": 2}}  # keep the tests small
 
 
 def make_engine(tiny_partition, make_cell, name, hparams=None, **training):
-    cell = make_cell("fedavg", **training)
-    defaults = {k: p.default for k, p in METHODS.get(name).hparams.items()}
-    cell.update(method=name, label=name, hparams={**defaults, **FAST.get(name, {}), **(hparams or {})})
-    return engine_for(cell, tiny_partition[0])
+    return method_engine(tiny_partition, make_cell, name, {**FAST.get(name, {}), **(hparams or {})}, **training)
 
 
 def record_updates(eng):

@@ -14,19 +14,16 @@ import torch
 import torch.nn.functional as F
 
 from fedrepro.engine.engine import Batch, FitResult
-from fedrepro.methods import METHODS, Update, payload_bytes
+from fedrepro.methods import Update, payload_bytes
 from fedrepro.methods._prototypes import aggregate_prototypes, alignment_loss, nearest_prototype_head
 from fedrepro.methods.fedgh import train_head
 from fedrepro.methods.fedpac import combination_weights, feature_statistics
 
-from test_engine import engine_for
+from conftest import method_engine
 
 
 def make_engine(tiny_partition, make_cell, name, **hparams):
-    cell = make_cell("fedavg")
-    defaults = {k: p.default for k, p in METHODS.get(name).hparams.items()}
-    cell.update(method=name, label=name, hparams={**defaults, **hparams})
-    eng = engine_for(cell, tiny_partition[0])
+    eng = method_engine(tiny_partition, make_cell, name, hparams)
     eng.method.setup()
     eng.round = 1
     return eng
