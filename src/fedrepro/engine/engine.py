@@ -25,7 +25,7 @@ import torch.nn.functional as F
 
 from ..io import atomic_path, derive_seed, short_hash
 from ..metrics import STATS, accuracy, harmonic_mean, macro_f1, summarize
-from ..methods import METHODS, Method, payload_bytes, select
+from ..methods import METHODS, Method, Update, payload_bytes, select, weighted_average
 from ..models import SplitModel, build_model
 from .data import AUGMENTATIONS, Client, Split
 
@@ -317,18 +317,10 @@ class Engine:
         finally:
             self._batch_purpose = "batches"
 
-    def _mean_personal(self) -> dict[str, torch.Tensor]:
-        """The train-size-weighted average of the personalized models: the "global model" of a
-        method that has none (FedCRC's Table II protocol for FedPer/FedRep)."""
-        total = float(sum(c.num_train for c in self.clients))
-        out: dict[str, torch.Tensor] = {}
-        for c in self.clients:
-            for k, v in self._personal(c).items():
-                if v.is_floating_point():
-                    out[k] = out.get(k, torch.zeros_like(v)) + v * (c.num_train / total)
-                else:
-                    out[k] = v if k not in out else torch.maximum(out[k], v)
-        return out
+    def _mean_personal(self, personal: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+        """The train-size-weighted average of the clients' personalized models `personal`: the
+        "global model" of a method that has none (FedCRC's Table II protocol for FedPer/FedRep)."""
+        return weighted_average([Update(c.id, c.num_train, p) for c, p in zip(self.clients, personal)])
 
     @torch.no_grad()
     def _probs(self, params: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
@@ -363,8 +355,11 @@ class Engine:
           own-test score P and G (GRP-FED's L).
         """
         method, out = self.method, {}
+        personal: list[dict[str, torch.Tensor]] = []  # the clients' personalized models, computed once, when needed
+        if method.has_personal and ((self.unseen and not method.has_global) or self.training["global_test"]):
+            personal = [self._personal(c) for c in self.clients]
         if self.unseen:
-            g = method.global_params() if method.has_global else self._mean_personal()
+            g = method.global_params() if method.has_global else self._mean_personal(personal)
             out["unseen/global"] = self._score_clients(g, self.unseen)
             if method.has_personal:
                 scores = [self._scores(c.test.y, self.predict(self._personal(c, "unseen-batches"), c.test.x)) for c in self.unseen]
@@ -372,7 +367,6 @@ class Engine:
         tests = self.global_tests()
         if not tests:
             return out
-        personal = [self._personal(c) for c in self.clients] if method.has_personal else []
         own = record["test/personal" if method.has_personal else "test/global"]
         for name, data in tests.items():
             y = data.y.cpu().numpy()
