@@ -210,11 +210,51 @@ def test_fedala_cached_head_features_match_the_full_forward(tiny_partition, make
 
 def test_fedala_local_update_keeps_the_personal_model(tiny_partition, make_cell):
     engine, ala, client, global_p = _ala_engine(tiny_partition, make_cell)
-    assert ala.personal_params(client) is ala.server["global"]  # before its first participation
     update = ala.local_update(client, global_p)
     assert set(update.params) == set(global_p)  # the full model is uploaded
     assert all(torch.equal(update.params[k], client.state["model"][k]) for k in global_p)
-    assert ala.personal_params(client) is client.state["model"]
     assert "ala_weights" in client.state
     ala.aggregate([update])
     assert all(torch.equal(ala.global_params()[k], update.params[k]) for k in global_p)
+
+
+def test_fedala_personal_model_is_the_ala_mix_with_the_current_global_model(tiny_partition, make_cell):
+    """The evaluated model is what the client would hold on receiving the current global model:
+    ALA's mix of that global model with its local model (FedALA's code evaluates after ALA), not
+    its model from the last participation; learning W for it leaves the client's W unchanged."""
+    engine, ala, client, global_p = _ala_engine(tiny_partition, make_cell)
+    ala.local_update(client, global_p)
+    local, W_before = client.state["model"], {k: w.clone() for k, w in client.state["ala_weights"].items()}
+    # the server's model moves on after the client trained
+    ala.server["global"] = {k: v + 0.05 * torch.randn(v.shape, generator=torch.Generator().manual_seed(2))
+                            for k, v in global_p.items()}
+    personal = ala.personal_params(client)
+    top = ala.mixed_names()
+    for k in global_p:
+        if k not in top:
+            assert torch.equal(personal[k], ala.server["global"][k])  # lower layers: the current global model
+    assert not all(torch.equal(personal[k], local[k]) for k in top)  # not the stale local model
+    assert all(torch.equal(client.state["ala_weights"][k], W_before[k]) for k in top)  # W untouched
+    assert ala.personal_params(client).keys() == personal.keys()
+    assert all(torch.equal(ala.personal_params(client)[k], personal[k]) for k in personal)  # deterministic
+
+
+def test_fedamp_default_weights_visibly_mix_clients(tiny_partition, make_cell):
+    """With the defaults, FedAMP is not Local under another name: after two rounds the attention
+    puts a visible share of each cloud model on the other clients, closer clients get more, and
+    the pull towards the cloud model is not negligible. PFLlib's run-script values (alphaK 5e-3,
+    sigma 0.1, lamda 5e-7) give the others almost nothing and a pull of 1e-4."""
+    engine = method_engine(tiny_partition, make_cell, "fedamp", rounds=2)
+    engine.run()
+    amp = engine.method
+    models, names = amp.server["models"], [k for k, _ in engine.model.named_parameters()]
+    assert len(models) == len(engine.clients)
+    xi = cloud_weights(0, models, names, amp.hp["alphaK"], amp.hp["sigma"])
+    others = {j: w for j, w in xi.items() if j != 0}
+    assert sum(others.values()) > 0.02 and xi[0] > 0  # visibly mixed (at most 3 x 0.05 here), still convex
+    dist = {j: sum(((models[0][k] - models[j][k]) ** 2).sum() for k in names) for j in others}
+    nearest, farthest = min(dist, key=dist.get), max(dist, key=dist.get)
+    assert others[nearest] > others[farthest]  # attention: the closer client gets more weight
+    assert amp.hp["lamda"] / amp.hp["alphaK"] >= 0.5
+    old = cloud_weights(0, models, names, 5e-3, 0.1)
+    assert sum(w for j, w in old.items() if j != 0) < 1e-3

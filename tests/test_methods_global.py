@@ -8,7 +8,8 @@ import math
 import pytest
 import torch
 
-from fedrepro.methods import METHODS, Update
+from fedrepro.engine.engine import Batch
+from fedrepro.methods import METHODS, Update, select
 from fedrepro.methods._finetune import FINETUNE_HPARAMS
 from fedrepro.methods.fedavg import FedAvg
 from fedrepro.methods.fedprox import FedProx
@@ -216,6 +217,27 @@ def test_moon_first_participation_uses_global_as_prev_and_stores_prev(tiny_parti
     # the second participation starts from the same global model but now differs from FedAvg
     again = local(eng, moon, client, moon.broadcast(client))
     assert any(not torch.allclose(again.params[k], plain[k], atol=1e-6) for k in plain)
+
+
+def test_moon_first_participation_contrasts_with_the_initial_model(tiny_partition, make_cell):
+    """A client's previous model before its first participation is the common initial model
+    (PFLlib clientmoon's old_model), not the global model it receives in a later round."""
+    eng = make_engine(tiny_partition, make_cell)
+    moon = with_method(eng, Moon, mu=5.0)
+    client = eng.clients[1]
+    g = torch.Generator().manual_seed(4)
+    moved = {k: v + 0.2 * torch.randn(v.shape, generator=g) if v.is_floating_point() else v
+             for k, v in moon.server["global"].items()}  # the global model of a later round
+    x = client.train.x[:8]
+    prev_z = moon._representation(select(eng.initial_params, ("extractor.",)), x)
+    seen = []
+    real = moon._representation
+    moon._representation = lambda params, xb: seen.append(params) or real(params, xb)
+    moon.fit_options(client, moved)["loss_fn"](Batch(x, client.train.y[:8], eng.model.extractor(x), eng.model(x)))
+    glob_ref, prev_ref = seen
+    assert all(torch.equal(glob_ref[k], moved[k]) for k in glob_ref)
+    assert all(torch.equal(prev_ref[k], eng.initial_params[k]) for k in prev_ref)
+    assert torch.allclose(real(prev_ref, x), prev_z)
 
 
 def test_moon_reference_models_are_untouched(tiny_partition, make_cell):

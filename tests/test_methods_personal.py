@@ -82,6 +82,17 @@ def test_ditto_lambda_pulls_the_personal_model_to_the_global_one(tiny_partition,
     assert 0 < ends[10.0] < 0.5 * ends[0.0]
 
 
+def test_ditto_first_participation_starts_the_personal_model_from_the_initial_model(tiny_partition, make_cell):
+    """PFLlib's clientditto copies the initial model into model_per: a client joining late starts v
+    there, not from the current global model (which only anchors the pull)."""
+    eng = engine_with(make_cell, tiny_partition, "ditto", {"lam": 0.0}, batch_size=FULL_BATCH)
+    client, names = eng.clients[0], param_names(eng)
+    w = perturbed(eng.method.server["global"], names, scale=0.5)  # a global model far from the initial one
+    eng.method.train_personal(client, w, max_steps=0)  # no step: v is where training starts
+    assert close(client.state["v"], eng.initial_params, names, atol=0)
+    assert not close(client.state["v"], w, names, atol=1e-3)
+
+
 # -- pFedMe -------------------------------------------------------------------------------
 
 def tiny_linear(seed=0):
@@ -239,14 +250,35 @@ def test_apfl_alpha_step_is_clipped_to_the_unit_interval():
     assert step(0.1, 100.0) == 0.0
 
 
-def test_apfl_personal_model_is_the_mixture_with_the_global_model(tiny_partition, make_cell):
+def test_apfl_personal_model_is_the_mixture_with_the_clients_own_w(tiny_partition, make_cell):
+    """vbar = alpha v + (1 - alpha) w with the client's own locally trained w (Algorithm 1, PFLlib
+    clientapfl), never with the current global model: alpha was learned against the client's w."""
     eng = engine_with(make_cell, tiny_partition, "apfl", {"alpha": 0.9}, batch_size=FULL_BATCH)
     client, names = eng.clients[2], param_names(eng)
-    w = eng.method.server["global"]
-    assert close(eng.method.personal_params(client), w, names)  # never sampled: v = w
-    v = perturbed(w, names)
-    client.state.update(v=v, alpha=0.25)
+    update = eng.method.local_update(client, eng.method.broadcast(client))
+    w_own = client.state["w"]
+    assert close(update.params, w_own, names, atol=0)  # the client keeps the w it uploads
+    eng.method.aggregate([update, Update(3, 50, perturbed(eng.method.server["global"], names, seed=3))])
+    g = eng.method.server["global"]
+    assert not close(g, w_own, names, atol=1e-3)  # the server's model has moved away from the client's w
+    v, alpha = client.state["v"], client.state["alpha"]
+    assert 0.0 <= alpha <= 1.0 and alpha != 0.9  # learned, within [0, 1]
     personal = eng.method.personal_params(client)
-    assert close(personal, {k: 0.25 * v[k] + 0.75 * w[k] for k in names}, names)
-    eng.method.local_update(client, eng.method.broadcast(client))
-    assert 0.0 <= client.state["alpha"] <= 1.0 and client.state["alpha"] != 0.25  # learned, within [0, 1]
+    assert close(personal, {k: alpha * v[k] + (1 - alpha) * w_own[k] for k in names}, names)
+    assert not close(personal, {k: alpha * v[k] + (1 - alpha) * g[k] for k in names}, names, atol=1e-4)
+
+
+def test_perfedavg_default_steps_are_the_learning_rate_and_the_global_model_learns(tiny_partition, make_cell):
+    """Defaults alpha = beta = the round's learning rate (PFLlib): the global model rises well above
+    chance on the small task, where a fixed beta = 1e-3 (the old default) leaves it near chance."""
+    from fedrepro.engine.engine import summaries
+
+    def global_acc(hp):
+        eng = engine_with(make_cell, tiny_partition, "perfedavg", hp, rounds=4, optimizer={"name": "sgd", "lr": 0.1})
+        assert eng.method.step("beta") == (hp.get("beta") or eng.lr)
+        metrics = eng.run()
+        return metrics["summary"]["global_acc"]["weighted_mean"]
+
+    learned, fixed = global_acc({}), global_acc({"alpha": 0.01, "beta": 0.001})
+    assert learned > 0.5  # 10 classes: chance is 0.1
+    assert fixed < 0.3 and learned > fixed + 0.3

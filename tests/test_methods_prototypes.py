@@ -94,6 +94,24 @@ def test_fedproto_aggregate_replaces_the_global_prototypes_with_the_rounds_avera
     assert msg["classes"].tolist() == [3] and payload_bytes(msg) == 8 + 4 * d  # only known prototypes travel
 
 
+@pytest.mark.parametrize("keep", [True, False])
+def test_fedproto_a_class_missing_from_a_round_keeps_its_last_global_prototype(tiny_partition, make_cell, keep):
+    """Under partial participation a round can lack a class: its global prototype must survive
+    (else it is never predicted again); keep_missing: false is PFLlib's rebuild-every-round."""
+    eng = make_engine(tiny_partition, make_cell, "fedproto", keep_missing=keep)
+    d = eng.model.feature_dim
+    p = lambda *v: torch.tensor([list(v) + [0.0] * (d - len(v))])
+    eng.method.aggregate([Update(0, 10, extras={"classes": torch.tensor([3, 4]), "protos": torch.cat([p(1.0), p(0.0, 2.0)])})])
+    eng.method.aggregate([Update(1, 10, extras={"classes": torch.tensor([3]), "protos": p(3.0)})])  # no class 4
+    server = eng.method.server
+    assert torch.allclose(server["protos"][3], p(3.0)[0])  # a class present this round: this round's average
+    assert bool(server["present"][4]) == keep
+    if keep:
+        assert torch.allclose(server["protos"][4], p(0.0, 2.0)[0])
+        head = eng.method.personal_params(eng.clients[0])
+        assert torch.isfinite(head["head.bias"][4])  # class 4 can still be predicted
+
+
 def test_alignment_loss_is_ce_plus_lambda_mse_to_the_global_prototype_of_the_label():
     z = torch.tensor([[1.0, 2.0], [0.0, -1.0], [3.0, 3.0]])
     logits = torch.tensor([[0.5, -0.5, 0.0], [0.0, 1.0, 2.0], [1.0, 1.0, 1.0]])

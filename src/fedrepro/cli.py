@@ -49,6 +49,31 @@ def cmd_validate(args) -> None:
     for path in args.configs:
         exp = resolve_experiment(load_config(path))
         print(f"{path}: ok, experiment '{exp['experiment']}': {len(exp['partitions'])} partition(s), {len(exp['cells'])} cell(s)")
+        for line in untrained_warnings(exp):
+            print(f"{path}: warning: {line}", file=sys.stderr)
+
+
+def untrained_warnings(exp: dict) -> list[str]:
+    """One line per (partition, training schedule, seed) whose client sampling leaves some
+    clients untrained at the end: they are scored by the experiment's `evaluation.untrained`."""
+    from .engine.engine import sampling_schedule, trained_rounds
+
+    specs = {(p["dataset"], p["label"]): p["spec"] for p in exp["partitions"]}
+    seen: dict[tuple, list[str]] = {}
+    for c in exp["cells"]:
+        spec, t = specs[(c["dataset"], c["partition"])], c["training"]
+        n = spec["num_clients"] - spec["unseen_clients"]
+        key = (c["dataset"], c["partition"], n, t["participation"], t["rounds"], c["seed"])
+        seen.setdefault(key, []).append(c["label"])
+    lines = []
+    for (ds, part, n, participation, rounds, seed), labels in seen.items():
+        never = [i for i, r in trained_rounds(sampling_schedule(n, participation, rounds, seed), list(range(n))).items() if not r]
+        if never:
+            rule = exp["cells"][0]["evaluation"]["untrained"]
+            lines.append(f"{ds}/{part} seed {seed} ({', '.join(labels)}): {len(never)} of {n} training clients never train "
+                         f"(participation {participation}, {rounds} rounds; positions {never}); they are scored by "
+                         f"evaluation.untrained = {rule!r}")
+    return lines
 
 
 def cmd_cells(args) -> None:

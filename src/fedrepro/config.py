@@ -38,6 +38,11 @@ TRAINING_DEFAULTS: dict[str, Any] = {
     "deterministic": True,
 }
 
+# Experiment-wide evaluation rules (not per method: every row must be scored alike).
+EVALUATION_DEFAULTS: dict[str, Any] = {
+    "untrained": "personalize",  # how a client that has not trained yet is scored (engine.UNTRAINED_RULES)
+}
+
 # The model a dataset gets when the config names none.
 DEFAULT_MODELS = {"fmnist": "fedavg_cnn", "digits": "mlp", "synthetic": "mlp",
                   **dict.fromkeys(("mnist", "emnist", "cifar10", "cifar100", "svhn", "usps"), "fedavg_cnn"),  # PFLlib's "cnn"
@@ -149,6 +154,7 @@ def resolve_experiment(config: dict) -> dict[str, Any]:
                 raise ConfigError(f"config key 'partitions.{label}.params.num_classes_per_partition' has value {k}; allowed: at most the {dsinfo['num_classes']} classes of {ds}")
             partitions.append({"dataset": ds, "label": label, "id": partition_id(spec), "spec": resolved})
     base_training = config.get("training") or {}
+    evaluation = _merge(EVALUATION_DEFAULTS, config.get("evaluation"))
     cells = []
     methods = {}
     for label, m in config["methods"].items():
@@ -174,7 +180,7 @@ def resolve_experiment(config: dict) -> dict[str, Any]:
                 cells.append({
                     "experiment": name, "dataset": ds, "partition": part["label"], "partition_id": part["id"],
                     "method": method, "label": label, "hparams": hp, "model": datasets[ds]["model"],
-                    "seed": seed, "training": t,
+                    "seed": seed, "training": t, "evaluation": evaluation,
                 })
     return {"experiment": name, "datasets": datasets, "partitions": partitions, "cells": cells}
 

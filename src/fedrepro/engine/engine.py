@@ -11,6 +11,7 @@ uninterrupted run ends.
 
 from __future__ import annotations
 
+import copy
 import math
 import resource
 import sys
@@ -34,6 +35,16 @@ OPTIMIZERS: dict[str, Callable[..., torch.optim.Optimizer]] = {
     "adam": lambda params, lr, momentum, weight_decay: torch.optim.Adam(params, lr=lr, weight_decay=weight_decay),
     "adamw": lambda params, lr, momentum, weight_decay: torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay),
 }
+
+
+# How a client that has not trained yet is scored (config `evaluation.untrained`):
+#   personalize  the method's new-client personalization (`Method.personalize_unseen`: one local
+#                update from the broadcast, then its personal model), as for held-out clients;
+#   initial      the common seeded initial model (PFLlib's clients before their first round);
+#   exclude      left out of every aggregate (its scores are None in metrics.json).
+# The rule applies to every method alike: the personal column of a method with personalized
+# models, and (exclude only) the global column, so every row is computed on the same clients.
+UNTRAINED_RULES = ("personalize", "initial", "exclude")
 
 
 class TrainingDiverged(RuntimeError):
@@ -72,6 +83,15 @@ def lr_at(schedule: dict[str, Any], base_lr: float, round: int) -> float:
     raise ValueError(f"unknown lr schedule {name!r}")
 
 
+def trained_rounds(schedule: list[list[int]], ids: list[int]) -> dict[int, list[int]]:
+    """Client id -> the (1-based) rounds in which the schedule samples it (`schedule` indexes `ids`)."""
+    out: dict[int, list[int]] = {cid: [] for cid in ids}
+    for r, sampled in enumerate(schedule, 1):
+        for i in sampled:
+            out[ids[i]].append(r)
+    return out
+
+
 def sampling_schedule(num_clients: int, participation: float | int, rounds: int, seed: int) -> list[list[int]]:
     """The clients of every round, drawn once from the seed: the same for every method."""
     # An integer is a count of clients, a float a fraction of them (1 = one client, 1.0 = all).
@@ -106,6 +126,11 @@ class Engine:
         entry = METHODS.entry(cell["method"])
         self.method: Method = entry.obj(self, dict(cell["hparams"]))
         self.schedule = sampling_schedule(len(self.clients), self.training["participation"], self.training["rounds"], self.seed)
+        self.untrained_rule = (cell.get("evaluation") or {}).get("untrained", "personalize")
+        if self.untrained_rule not in UNTRAINED_RULES:
+            raise ValueError(f"evaluation.untrained has value {self.untrained_rule!r}; allowed: {', '.join(UNTRAINED_RULES)}")
+        self.trained_in = trained_rounds(self.schedule, [c.id for c in self.clients])
+        self.initial_params = self.get_params()  # the seeded initialisation: the 'initial' rule's model
 
     def client(self, client_id: int) -> Client:
         return self._by_id[client_id]
@@ -284,29 +309,64 @@ class Engine:
             self._pooled_cache[split] = torch.cat([getattr(c, split).x for c in self.clients])
         return self._pooled_cache[split]
 
+    def has_trained(self, client: Client) -> bool:
+        """Whether `client` has taken part in a round up to the current one."""
+        rounds = self.trained_in.get(client.id, [])
+        return bool(rounds) and rounds[0] <= self.round
+
+    def scored_by(self, client: Client) -> str:
+        """How `client` is scored now: 'trained', or for a client that has not trained yet the
+        untrained rule ('personalize', 'initial', 'excluded'; 'global' for a method whose
+        only model is the global one, which scores every client)."""
+        if self.has_trained(client):
+            return "trained"
+        if self.untrained_rule == "exclude":
+            return "excluded"
+        return self.untrained_rule if self.method.has_personal else "global"
+
     def evaluate(self) -> dict[str, Any]:
         """Per-client accuracy and macro-F1 of the global and personalized models on each
-        client's own test split (and validation split, where there is one)."""
+        client's own test split (and validation split, where there is one). Clients that have
+        not trained yet are scored by the untrained rule (`scored_by`); excluded ones get NaN."""
         splits = ["test"] + (["val"] if any(len(c.val) for c in self.clients) else [])
-        record: dict[str, Any] = {"round": self.round}
+        record: dict[str, Any] = {"round": self.round, "scored_by": [self.scored_by(c) for c in self.clients]}
+        keep = [how != "excluded" for how in record["scored_by"]]
         method = self.method
         global_params = method.global_params() if method.has_global else None
         for split in splits:
             if global_params is not None:
                 pred = self.predict(global_params, self._pooled(split))
                 bounds = np.cumsum([0] + [len(getattr(c, split)) for c in self.clients])
-                scores = [self._scores(getattr(c, split).y, pred[a:b]) for c, a, b in zip(self.clients, bounds[:-1], bounds[1:])]
+                scores = [self._scores(getattr(c, split).y, pred[a:b]) if k else _NO_SCORE
+                          for c, a, b, k in zip(self.clients, bounds[:-1], bounds[1:], keep)]
                 record[f"{split}/global"] = {"acc": [s[0] for s in scores], "f1": [s[1] for s in scores]}
         if method.has_personal:
             per = {s: [] for s in splits}
-            for c in self.clients:
-                params = self._personal(c)
+            for c, how in zip(self.clients, record["scored_by"]):
+                params = self.personal_model(c, how)
                 for split in splits:
                     data = getattr(c, split)
-                    per[split].append(self._scores(data.y, self.predict(params, data.x)))
+                    per[split].append(_NO_SCORE if params is None else self._scores(data.y, self.predict(params, data.x)))
             for split in splits:
                 record[f"{split}/personal"] = {"acc": [s[0] for s in per[split]], "f1": [s[1] for s in per[split]]}
         return record
+
+    def personal_model(self, client: Client, how: str) -> dict[str, torch.Tensor] | None:
+        """The personalized model that scores `client` (`how` = `scored_by(client)`); None if excluded."""
+        if how == "trained":
+            return self._personal(client)
+        if how == "initial":
+            return self.initial_params
+        if how == "personalize":
+            # The new-client personalization must leave no trace: the client's state is restored
+            # and the batches come from a stream of their own, so training is unchanged.
+            saved = copy.deepcopy(client.state)
+            torch.manual_seed(derive_seed(self.seed, "untrained-personalize", self.round, client.id))
+            try:
+                return self._personal(client, "untrained-batches")
+            finally:
+                client.state = saved
+        return None
 
     def _personal(self, client: Client, purpose: str = "eval-batches") -> dict[str, torch.Tensor]:
         """A client's personalized model. Fine-tuning draws its batches from a stream of its own
@@ -317,10 +377,11 @@ class Engine:
         finally:
             self._batch_purpose = "batches"
 
-    def _mean_personal(self, personal: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
-        """The train-size-weighted average of the clients' personalized models `personal`: the
-        "global model" of a method that has none (FedCRC's Table II protocol for FedPer/FedRep)."""
-        return weighted_average([Update(c.id, c.num_train, p) for c, p in zip(self.clients, personal)])
+    def _mean_personal(self, personal: list[dict[str, torch.Tensor] | None]) -> dict[str, torch.Tensor]:
+        """The train-size-weighted average of the clients' personalized models `personal` (None:
+        an excluded client): the "global model" of a method that has none (FedCRC's Table II
+        protocol for FedPer/FedRep)."""
+        return weighted_average([Update(c.id, c.num_train, p) for c, p in zip(self.clients, personal) if p is not None])
 
     @torch.no_grad()
     def _probs(self, params: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
@@ -355,9 +416,11 @@ class Engine:
           own-test score P and G (GRP-FED's L).
         """
         method, out = self.method, {}
-        personal: list[dict[str, torch.Tensor]] = []  # the clients' personalized models, computed once, when needed
+        hows = [self.scored_by(c) for c in self.clients]  # after the last round, as in its evaluation
+        # the clients' personalized models (None: excluded by the untrained rule), computed once, when needed
+        personal: list[dict[str, torch.Tensor] | None] = []
         if method.has_personal and ((self.unseen and not method.has_global) or self.training["global_test"]):
-            personal = [self._personal(c) for c in self.clients]
+            personal = [self.personal_model(c, how) for c, how in zip(self.clients, hows)]
         if self.unseen:
             g = method.global_params() if method.has_global else self._mean_personal(personal)
             out["unseen/global"] = self._score_clients(g, self.unseen)
@@ -370,18 +433,19 @@ class Engine:
         own = record["test/personal" if method.has_personal else "test/global"]
         for name, data in tests.items():
             y = data.y.cpu().numpy()
-            probs = [self._probs(p, data.x) for p in personal]
+            probs = [None if p is None else self._probs(p, data.x) for p in personal]
             if method.has_global:
                 g_pred = self.predict(method.global_params(), data.x)
             else:
-                g_pred = torch.stack(probs).mean(0).argmax(1).cpu().numpy()
+                g_pred = torch.stack([pr for pr in probs if pr is not None]).mean(0).argmax(1).cpu().numpy()
             acc, f1 = accuracy(y, g_pred), macro_f1(y, g_pred)
             out[f"{name}/global"] = {"acc": [acc], "f1": [f1]}
             if personal:
-                gen = [(accuracy(y, pr.argmax(1).cpu().numpy()), macro_f1(y, pr.argmax(1).cpu().numpy())) for pr in probs]
+                gen = [_NO_SCORE if pr is None else (accuracy(y, pr.argmax(1).cpu().numpy()), macro_f1(y, pr.argmax(1).cpu().numpy()))
+                       for pr in probs]
                 out[f"{name}/personal"] = {"acc": [s[0] for s in gen], "f1": [s[1] for s in gen]}
             else:  # a global-only method: every client's model is the global one (GRP-FED's G)
-                gen = [(acc, f1)] * len(self.clients)
+                gen = [_NO_SCORE if how == "excluded" else (acc, f1) for how in hows]
             out[f"{name}/hm"] = {m: [harmonic_mean(p, g[i]) for p, g in zip(own[m], gen)] for i, m in enumerate(("acc", "f1"))}
         return out
 
@@ -476,7 +540,12 @@ class Engine:
             "device": str(self.device),
             "resumed_from_round": start - 1,
         }
-        return build_metrics(self.cell, self.clients, history, per_round, resources, beyond, self.unseen)
+        trained = [[r for r in self.trained_in[c.id] if r <= rounds] for c in self.clients]
+        return build_metrics(self.cell, self.clients, history, per_round, resources, beyond, self.unseen,
+                             trained, self.untrained_rule)
+
+
+_NO_SCORE = (math.nan, math.nan)  # accuracy and F1 of a client left out (excluded by the untrained rule)
 
 
 def _headline(record: dict, test_sizes: list[int]) -> str:
@@ -532,10 +601,12 @@ def summaries(record: dict, split: str, weights: list[int]) -> dict[str, dict[st
 
 
 def build_metrics(cell: dict, clients: list[Client], history: list[dict], per_round: dict, resources: dict,
-                  beyond: dict | None = None, unseen: list[Client] | None = None) -> dict[str, Any]:
+                  beyond: dict | None = None, unseen: list[Client] | None = None,
+                  trained: list[list[int]] | None = None, untrained_rule: str = "personalize") -> dict[str, Any]:
     """metrics.json: the last round's per-client scores and aggregates (never the best
     round on test data), curves every k rounds, best-on-validation as an extra; after
-    training, the scores on unseen clients and global test sets (`Engine.evaluate_beyond`)."""
+    training, the scores on unseen clients and global test sets (`Engine.evaluate_beyond`);
+    per client the rounds it trained in and how its final scores were obtained."""
     test_sizes = [len(c.test) for c in clients]
     val_sizes = [len(c.val) for c in clients]
     unseen = unseen or []
@@ -572,7 +643,9 @@ def build_metrics(cell: dict, clients: list[Client], history: list[dict], per_ro
         "rounds": history[-1]["round"],
         "clients": {"ids": [c.id for c in clients], "train_size": [len(c.train) for c in clients],
                     "test_size": test_sizes, "val_size": val_sizes,
-                    "unseen_ids": [c.id for c in unseen], "unseen_test_size": [len(c.test) for c in unseen]},
+                    "unseen_ids": [c.id for c in unseen], "unseen_test_size": [len(c.test) for c in unseen],
+                    "trained_rounds": trained, "untrained": sum(1 for t in trained or [] if not t),
+                    "untrained_rule": untrained_rule, "scored_by": last.get("scored_by")},
         "final": final,
         "summary": summary,
         "best_val": best_val,

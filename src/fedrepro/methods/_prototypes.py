@@ -87,6 +87,13 @@ def aggregate_prototypes(uploads: list[Message], num_classes: int, dim: int, wei
     return {"protos": (sums / weights.clamp(min=1e-300)[:, None]).to(state["protos"].dtype), "present": present}
 
 
+def keep_missing(old: Message, new: Message) -> Message:
+    """The round's global prototypes `new`, with each class that nobody uploaded this round
+    keeping its prototype from `old` (dense server states)."""
+    return {"protos": torch.where(new["present"][:, None], new["protos"], old["protos"]),
+            "present": new["present"] | old["present"]}
+
+
 def dense(message: Message, num_classes: int, dim: int, device: torch.device) -> Message:
     """The (C, d) table and (C,) mask of a prototype message."""
     state = empty_prototypes(num_classes, dim, device)

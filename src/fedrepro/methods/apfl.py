@@ -6,8 +6,12 @@ mixing weight alpha (both kept on the client). Per mini-batch, all at the curren
   w     <- w - lr * grad f(w)                                        (FedAvg local SGD)
   v     <- v - lr * grad_v f(vbar) = v - lr * alpha * grad f(vbar),  vbar = alpha v + (1 - alpha) w
   alpha <- clip(alpha - lr * (<v - w, grad f(vbar)> + reg * alpha), 0, 1)
-The server averages the uploaded w (FedAvg). Personalized model: vbar with the current
-global w; global column: the global model.
+The server averages the uploaded w (FedAvg). Personalized model: vbar = alpha v + (1 - alpha) w
+with the client's own w after its local update (Algorithm 1's output v̄_i; PFLlib clientapfl
+evaluates the same mixture of model_per and the client's trained model); the client keeps w
+for that. Mixing with the current global model instead is a different model than the one
+alpha was learned for: alpha drifts towards 0 when v is better than w, and the mixture then
+collapses to the (weak, non-IID) global model. Global column: the global model.
 
 The mixture is of the two models' parameters, as in the paper's interpolation (the
 authors' FedTorch code mixes the outputs instead); buffers (BatchNorm statistics) are v's
@@ -23,7 +27,7 @@ import torch.nn.functional as F
 
 from . import register
 from ..registry import Param
-from .base import Params, Update
+from .base import Params, Update, select
 from .fedavg import FedAvg
 
 
@@ -82,11 +86,12 @@ class APFL(FedAvg):
             total += loss.detach() * len(y)
             seen += len(y)
         client.state["v"] = {k: t.detach() for k, t in v.items()}
+        client.state["w"] = engine.get_params()  # the client's own w: the mixture's partner (and the upload)
         client.state["alpha"] = float(alpha.detach())
-        return Update(client.id, client.num_train, engine.get_params(self.shared), loss=float(total) / max(seen, 1))
+        return Update(client.id, client.num_train, select(client.state["w"], self.shared), loss=float(total) / max(seen, 1))
 
     def personal_params(self, client):
-        global_params = self.server["global"]
+        w = client.state.get("w", self.server["global"])  # a client that never trained holds the global model
         names = [k for k, _ in self.engine.model.named_parameters()]
         alpha = float(client.state.get("alpha", self.hp["alpha"]))
-        return mixture(client.state.get("v", global_params), global_params, alpha, names)
+        return mixture(client.state.get("v", w), w, alpha, names)

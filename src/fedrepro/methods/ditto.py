@@ -2,7 +2,8 @@
 Personalization", ICML 2021), Algorithm 1.
 
 Each sampled client k, given the global model w^t:
-  1. trains its personal model v_k (kept on the client; first time: a copy of w^t) for
+  1. trains its personal model v_k (kept on the client; first time: the common initial model,
+     as PFLlib's clientditto, whose model_per is a copy of the initial model) for
      `personal_epochs` of SGD on CE + (lambda/2)||v_k - w^t||^2, i.e. the gradient step
      v_k <- v_k - lr * (grad F_k(v_k) + lambda (v_k - w^t)) (PFLlib's PerturbedGradientDescent);
   2. trains a copy of w^t by FedAvg local SGD (local_epochs) and uploads it.
@@ -39,14 +40,14 @@ class Ditto(FedAvg):
         return super().local_update(client, payload)  # the global model: plain FedAvg
 
     def train_personal(self, client, global_params, max_steps=None):
-        """Personal epochs on CE from the client's previous v (first time: the global model),
+        """Personal epochs on CE from the client's previous v (first time: the initial model),
         pulled towards the received global model w^t (the anchor stays fixed all round)."""
-        self.engine.set_params(client.state.get("v", global_params))
+        self.engine.set_params(client.state.get("v", self.engine.initial_params))
         fit = self.engine.fit(client, epochs=self.hp["personal_epochs"], max_steps=max_steps,
                               before_step=proximal_hook(global_params, self.hp["lam"]))
         client.state["v"] = self.engine.get_params()
         return fit
 
     def personal_params(self, client):
-        # A client never sampled has no v yet: it would start from the global model.
-        return client.state.get("v", self.server["global"])
+        # A client never sampled has no v yet (the engine's untrained rule decides how it is scored).
+        return client.state.get("v", self.engine.initial_params)

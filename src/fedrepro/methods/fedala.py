@@ -27,8 +27,12 @@ Choices (methods.md §6 FedALA; PFLlib `system/utils/ALA.py`, `clientala.py`, `s
   buffers, no dropout).
 * ALA runs on the clients sampled in a round, when they receive the model. PFLlib's server sends
   the model (and runs ALA) on every client every round; the two agree under full participation.
-* Personalized model = the client's local model after its last local training (the current
-  global model before its first participation). Global model = the server's FedAvg model.
+* Personalized model = ALA's mix of the current global model with the client's local model
+  (after its last local training): the model the client holds when it receives the global model,
+  which is what FedALA's code (PFLlib: send_models runs ALA, then evaluate) scores. W is learned
+  for it as at a real receipt (one epoch, or the start phase), on a copy with a sample stream of its
+  own, so evaluating leaves the client's W and training unchanged. Global model = the server's
+  FedAvg model.
 """
 
 from __future__ import annotations
@@ -103,13 +107,13 @@ class FedALA(FedAvg):
         p = self.hp["layer_idx"]
         return names[-p:] if p else names
 
-    def adaptive_local_aggregation(self, client, global_p: Params, local_p: Params) -> Params:
+    def adaptive_local_aggregation(self, client, global_p: Params, local_p: Params, purpose: str = "fedala-sample") -> Params:
         top = self.mixed_names()
         if all(torch.equal(global_p[k], local_p[k]) for k in top):
             return dict(global_p)  # nothing to mix (round 1): ALA off, start phase kept for later
         start = "ala_weights" not in client.state
         weights = client.state.get("ala_weights") or {k: torch.ones_like(global_p[k]) for k in top}
-        forward, batches = self.weight_forward(top, global_p, self.weight_batches(client))
+        forward, batches = self.weight_forward(top, global_p, self.weight_batches(client, purpose))
         losses: list[float] = []
         for _ in range(self.hp["max_start_epochs"] if start else 1):
             for x, y in batches:
@@ -121,11 +125,11 @@ class FedALA(FedAvg):
         client.state["ala_weights"] = weights
         return mix(global_p, local_p, weights)
 
-    def weight_batches(self, client) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    def weight_batches(self, client, purpose: str = "fedala-sample") -> list[tuple[torch.Tensor, torch.Tensor]]:
         """The fixed mini-batches of a seeded random s% sample of the client's training data."""
         n = client.num_train
         m = max(1, int(self.hp["rand_percent"] / 100 * n))
-        g = self.engine.generator("fedala-sample", self.engine.round, client.id)
+        g = self.engine.generator(purpose, self.engine.round, client.id)
         idx = torch.randperm(n, generator=g)[:m].to(client.train.x.device)
         x, y = client.train.x[idx], client.train.y[idx]
         bs = self.engine.training["batch_size"]
@@ -151,4 +155,16 @@ class FedALA(FedAvg):
 
     # -- evaluation -------------------------------------------------------------------
     def personal_params(self, client):
-        return client.state.get("model", self.server["global"])
+        if "model" not in client.state:  # never trained: the engine's untrained rule decides how it is scored
+            return self.server["global"]
+        state = client.state
+        weights = state.get("ala_weights")
+        try:  # learn W on a copy: the client's own W only changes when it trains
+            if weights is not None:
+                state["ala_weights"] = {k: w.clone() for k, w in weights.items()}
+            return self.adaptive_local_aggregation(client, self.server["global"], state["model"], "fedala-eval")
+        finally:
+            if weights is None:
+                state.pop("ala_weights", None)
+            else:
+                state["ala_weights"] = weights

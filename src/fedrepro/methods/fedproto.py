@@ -18,8 +18,11 @@ Choices (../shared/reference/methods.md §6, PFLlib clientproto/serverproto, FL-
   proto_aggregation, PFLlib, FL-bench). The paper's aggregation formula carries a per-client
   sample-size factor with an ambiguous normalisation; `proto_weighting: samples` gives the
   sample-weighted mean.
-* The global prototypes are rebuilt from each round's uploads only (PFLlib, FL-bench):
-  a class no sampled client has loses its prototype for that round.
+* A class that no client of the round uploads keeps its last global prototype
+  (`keep_missing: true`, default). PFLlib and FL-bench rebuild the prototypes from each
+  round's uploads only, which under partial participation deletes the class: it is never
+  predicted again until a client that has it is sampled (hidden in PFLlib by full
+  participation, where every class is uploaded every round). `keep_missing: false` is theirs.
 * Local prototypes are computed after training, in eval mode, over the whole train
   split (PFLlib's collect_protos; PFLlib's current clientproto averages the train-mode
   representations seen during training instead).
@@ -31,8 +34,8 @@ from __future__ import annotations
 
 from ..registry import Param
 from . import register
-from ._prototypes import (aggregate_prototypes, alignment_loss, empty_prototypes, known_prototypes, local_prototypes,
-                          nearest_prototype_head, require_linear_head, weighting_param)
+from ._prototypes import (aggregate_prototypes, alignment_loss, empty_prototypes, keep_missing, known_prototypes,
+                          local_prototypes, nearest_prototype_head, require_linear_head, weighting_param)
 from .base import Method, Update
 
 
@@ -45,6 +48,9 @@ class FedProto(Method):
         "lam": Param(1.0, "lambda: weight of MSE(representation, global prototype of its label) (PFLlib, FL-bench: 1.0)",
                      float, minimum=0),
         "proto_weighting": weighting_param("clients", "default 'clients' (official code, PFLlib, FL-bench, methods.md §6)"),
+        "keep_missing": Param(True, "[RECON] a class no client of the round uploads keeps its last global prototype "
+                                    "(false: rebuilt from the round's uploads only, as PFLlib / FL-bench, which loses the "
+                                    "class under partial participation)", bool),
     }
     shared = ()  # no parameters travel: prototypes only
     has_global = False
@@ -68,8 +74,9 @@ class FedProto(Method):
 
     def aggregate(self, updates):
         eng = self.engine
-        self.server.update(aggregate_prototypes([u.extras for u in updates], eng.num_classes, eng.model.feature_dim,
-                                                self.hp["proto_weighting"], eng.device))
+        new = aggregate_prototypes([u.extras for u in updates], eng.num_classes, eng.model.feature_dim,
+                                   self.hp["proto_weighting"], eng.device)
+        self.server.update(keep_missing(self.server, new) if self.hp["keep_missing"] else new)
 
     def personal_params(self, client):
         model = client.state.get("model", self.server["init"])

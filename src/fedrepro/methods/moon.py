@@ -15,8 +15,9 @@ Choices:
   original calls .eval() on both), so they never touch BatchNorm statistics.
 - Per client only the previous extractor is kept (all z_prev needs); model buffer size 1,
   the paper's default.
-- First participation: w_prev = w_g. l_con is then the constant log 2 and adds no
-  gradient, as in the original code, whose model pool is empty in the first round.
+- First participation: w_prev = the common initial model (PFLlib clientmoon keeps a copy of
+  the initial model as old_model; the original code's previous-model pool starts from the
+  initial nets). In round 1 it equals w_g, so l_con is the constant log 2 and adds no gradient.
 - A representation of (numerically) zero norm has no direction: its cosines count as 0
   with no gradient. Our extractors end in a ReLU (the original's projection head does
   not), and F.cosine_similarity alone would return a 1/eps-sized gradient there.
@@ -64,7 +65,7 @@ class Moon(FedAvg):
 
     def fit_options(self, client, payload):
         glob = select(payload, ("extractor.",))
-        prev = client.state.get("prev", glob)
+        prev = client.state.get("prev") or select(self.engine.initial_params, ("extractor.",))
         mu, tau = self.hp["mu"], self.hp["tau"]
 
         def loss_fn(batch):

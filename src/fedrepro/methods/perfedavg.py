@@ -14,8 +14,15 @@ Choices: H(w; D3) v is the exact Hessian-vector product by double back-propagati
 paper's HF variant estimates it by finite differences, which approximate the same
 quantity). Like PFLlib, each group of batches is one drawn batch of 2 (FO) or 3 (HF) times
 the configured batch size, split into equal parts. The steps are plain SGD with alpha and
-beta (the paper's updates): the configured optimizer and learning rate are not used.
-PFLlib adapts the evaluated model on a *test* batch; here adaptation only sees train data.
+beta (the paper's updates): the configured optimizer is not used.
+
+Step sizes: alpha and beta default to the round's learning rate, as PFLlib
+(clientperavg.py: `self.beta = self.learning_rate` and PerAvgOptimizer(lr=learning_rate), so
+alpha = beta = lr). A fixed small beta (Plato / FL-bench 1e-3) is far below the learning
+rates the benchmark's cells use (0.005-0.05), and the global model then barely moves: the
+personalized score becomes each client's majority class after one alpha step. Like PFLlib
+(serverperavg.evaluate_one_step -> clientperavg.train_one_step), the evaluated model is
+adapted on a batch of the client's *training* data.
 """
 
 from __future__ import annotations
@@ -79,10 +86,11 @@ class PerFedAvg(FedAvg):
     summary = "Per-FedAvg: MAML-style local steps (FO or Hessian-free); personalized = global + one alpha step"
     paper = "Fallah, Mokhtari, Ozdaglar, NeurIPS 2020"
     hparams = {
-        "alpha": Param(0.01, "alpha: step size of the temporary / adaptation step (Plato 0.01; PFLlib alpha = lr)",
-                       float, exclusive_minimum=0),
-        "beta": Param(0.001, "beta: meta step size applied to w (Plato 0.001, FL-bench 1e-3; PFLlib beta = lr)",
-                      float, exclusive_minimum=0),
+        "alpha": Param(None, "alpha: step size of the temporary / adaptation step; null = the round's learning rate "
+                             "(PFLlib clientperavg.py; Plato uses 0.01)", (float, type(None)), exclusive_minimum=0),
+        "beta": Param(None, "beta: meta step size applied to w; null = the round's learning rate (PFLlib "
+                            "clientperavg.py: beta = learning_rate; Plato, FL-bench 1e-3)", (float, type(None)),
+                      exclusive_minimum=0),
         "variant": Param("fo", "'fo': first-order MAML gradient; 'hf': Hessian-free with the exact Hessian-vector product",
                          str, choices=("fo", "hf")),
     }
@@ -98,7 +106,7 @@ class PerFedAvg(FedAvg):
             if len(y) < parts:  # a last batch too small to split
                 continue
             batches = list(zip(x.tensor_split(parts), y.tensor_split(parts)))
-            loss = meta_step(model, batches, self.hp["alpha"], self.hp["beta"], self.hp["variant"] == "hf")
+            loss = meta_step(model, batches, self.step("alpha"), self.step("beta"), self.hp["variant"] == "hf")
             total += loss * len(batches[0][1])
             seen += len(batches[0][1])
         return Update(client.id, client.num_train, engine.get_params(self.shared), loss=float(total) / max(seen, 1))
@@ -113,5 +121,9 @@ class PerFedAvg(FedAvg):
         x = data.x[idx] if engine.augment is None else engine.augment(data.x[idx], g)
         engine.set_params(self.server["global"])
         model.train()
-        sgd_step(model, [p for p in model.parameters() if p.requires_grad], (x, data.y[idx]), self.hp["alpha"])
+        sgd_step(model, [p for p in model.parameters() if p.requires_grad], (x, data.y[idx]), self.step("alpha"))
         return engine.get_params()
+
+    def step(self, name: str) -> float:
+        """alpha or beta: the configured value, or the round's learning rate where it is null."""
+        return self.engine.lr if self.hp[name] is None else self.hp[name]

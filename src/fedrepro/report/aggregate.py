@@ -31,7 +31,8 @@ STATS = ("weighted_mean", "mean", "std", "min", "max", "worst10")
 CELL_KEYS = ("experiment", "dataset", "partition", "partition_id", "method", "label", "model", "seed")
 METRIC_COLUMNS = [f"{m}_{s}" for m in METRICS for s in STATS]
 BESTVAL_COLUMNS = [f"bestval_{m}_weighted_mean" for m in METRICS]
-EXTRA_COLUMNS = ["rounds", "bytes_up_total", "bytes_down_total", "wall_time_s", "peak_rss_mb"]
+EXTRA_COLUMNS = ["rounds", "bytes_up_total", "bytes_down_total", "wall_time_s", "peak_rss_mb",
+                 "num_clients", "untrained_clients", "untrained_rule"]
 SUMMARY_COLUMNS = [*CELL_KEYS, "status", "failure_reason", "kind", *METRIC_COLUMNS, *BESTVAL_COLUMNS, *EXTRA_COLUMNS]
 GROUP = ["dataset", "partition", "label", "kind"]
 JSON_COLUMNS = ("acc_weighted_mean", "acc_mean", "acc_worst10", "acc_std", "f1_mean")
@@ -97,6 +98,9 @@ def summary_frame(cells: list[dict]) -> pd.DataFrame:
             "bytes_down_total": _num(_get(cell, "communication", "bytes_down_total")),
             "wall_time_s": _num(_get(cell, "resources", "wall_time_s")),
             "peak_rss_mb": _num(_get(cell, "resources", "peak_rss_mb")),
+            "num_clients": _num(len(_get(cell, "clients", "ids") or [])) if ok else math.nan,
+            "untrained_clients": _num(_get(cell, "clients", "untrained")),
+            "untrained_rule": _get(cell, "clients", "untrained_rule"),
         }
         for kind in cell_kinds(cell) if ok else ["failed"]:
             row = dict(base, kind=kind)

@@ -116,7 +116,7 @@ def latex_escape(text: object) -> str:
     return s.replace("±", r"$\pm$")
 
 
-def to_latex(table: pd.DataFrame, title: str = "", label: str = "") -> str:
+def to_latex(table: pd.DataFrame, title: str = "", label: str = "", note: str = "") -> str:
     """booktabs tabular in a table float: dataset header row (with cmidrules) over partition row."""
     cols = list(table.columns)
     n = len(cols)
@@ -146,8 +146,28 @@ def to_latex(table: pd.DataFrame, title: str = "", label: str = "") -> str:
     ]
     for name, row in table.iterrows():
         lines.append(" & ".join(latex_escape(v) for v in [name, *row]) + r" \\")
-    lines += [r"\bottomrule", r"\end{tabular}", r"\end{table}"]
+    lines += [r"\bottomrule", r"\end{tabular}"]
+    if note:
+        lines.append(rf"\par\smallskip{{\footnotesize {latex_escape(note)}}}")
+    lines.append(r"\end{table}")
     return "\n".join(lines) + "\n"
+
+
+def untrained_note(frame: pd.DataFrame) -> str:
+    """The footnote every table carries: how clients that never trained were scored, and how
+    many there were per dataset/partition and seed (they count in the rows as the rule says)."""
+    ok = frame[(frame["status"] == "ok") & frame["untrained_rule"].notna()]
+    if ok.empty:
+        return ""
+    rules = sorted(set(ok["untrained_rule"]))
+    counts = ok.groupby(["dataset", "partition", "seed"], sort=False)[["untrained_clients", "num_clients"]].max()
+    some = counts[counts["untrained_clients"] > 0]
+    rule = ", ".join(repr(r) for r in rules)
+    if some.empty:
+        return f"Every client trained in every cell (evaluation.untrained = {rule} was not needed)."
+    where = "; ".join(f"{ds}/{part} seed {seed}: {int(r.untrained_clients)} of {int(r.num_clients)}"
+                      for (ds, part, seed), r in some.iterrows())
+    return f"Clients that never trained, scored by evaluation.untrained = {rule}: {where}."
 
 
 def write_tables(frame: pd.DataFrame, out_dir: str | Path, columns: dict[str, str] = DEFAULT_TABLES) -> list[Path]:
@@ -160,12 +180,13 @@ def write_tables(frame: pd.DataFrame, out_dir: str | Path, columns: dict[str, st
     for name, column in columns.items():
         title = caption(column)
         table = pivot_table(frame, column)
+        note = untrained_note(frame)
         md, tex, csv = out_dir / f"{name}.md", out_dir / f"{name}.tex", out_dir / f"{name}.csv"
-        write_text_atomic(md, to_markdown(table, title))
-        write_text_atomic(tex, to_latex(table, title, name))
+        write_text_atomic(md, to_markdown(table, title) + (f"\n{note}\n" if note else ""))
+        write_text_atomic(tex, to_latex(table, title, name, note))
         with atomic_path(csv) as tmp:
             with open(tmp, "w", newline="") as fh:
-                fh.write(f"# {name}: {title}\n")
+                fh.write(f"# {name}: {title}\n" + (f"# {note}\n" if note else ""))
                 numeric_table(frame, column).to_csv(fh, index=False)
         written += [md, tex, csv]
     return written
