@@ -22,9 +22,11 @@ include: "workflow/rules/common.smk"
 include: "workflow/rules/data.smk"
 include: "workflow/rules/train.smk"
 include: "workflow/rules/aggregate.smk"
+include: "workflow/rules/papers.smk"
 
 
 rule all:
     default_target: True
     input:
         final_outputs(),
+        paper_outputs(),

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import copy
 import itertools
+import json
 from pathlib import Path
+from typing import Callable
 
 import pytest
 
@@ -129,6 +131,67 @@ def _pop(key: str):
     return lambda cfg: cfg.pop(key)
 
 
+def _rename(section: str, old: str, new: str):
+    """A mutation renaming the label `old` of `section` (partitions, methods) to `new`."""
+
+    def mutate(cfg: dict) -> None:
+        cfg[section] = {(new if k == old else k): v for k, v in cfg[section].items()}
+
+    mutate.change = f"label `{old}` of `{section}` → {new!r}"  # what docs/bad_configs.md shows
+    return mutate
+
+
+def _all(*mutations):
+    def mutate(cfg: dict) -> None:
+        for m in mutations:
+            m(cfg)
+
+    return mutate
+
+
+class TextCase:
+    """A malformed config *file*: what YAML/JSON parsing alone decides (duplicate keys, tags, YTE,
+    aliases, encoding, ...). `make` turns the text of config/test.yaml into the bad file's content;
+    the file is read with fedrepro.config.load_config as `bad.yaml` in the current folder."""
+
+    def __init__(self, change: str, make: Callable[[str], "str | bytes"]):
+        self.change, self.make = change, make
+
+    def content(self, base_text: str) -> bytes:
+        out = self.make(base_text)
+        return out if isinstance(out, bytes) else out.encode()
+
+
+def _sub(old: str, new: str, change: str) -> TextCase:
+    def make(text: str) -> str:
+        assert text.count(old) == 1, old
+        return text.replace(old, new)
+
+    return TextCase(change, make)
+
+
+def _as_json(edit: Callable[[str], str], change: str) -> TextCase:
+    """config/test.yaml rewritten as JSON, then edited as text."""
+    import yaml
+
+    return TextCase(change, lambda text: edit(json.dumps(yaml.safe_load(text), indent=1)))
+
+
+def _nested(depth: int) -> str:
+    return "[" * depth + "0" + "]" * depth
+
+
+BOMB = "".join(  # the classic "billion laughs": 9 levels of 9 aliases, under 1 KB
+    [f"    params: {{l0: &l0 [{', '.join(['lol'] * 9)}],\n"]
+    + [f"      l{i}: &l{i} [{', '.join([f'*l{i - 1}'] * 9)}],\n" for i in range(1, 9)]
+) + "    }\n"
+WIDE = "".join(  # 8 levels of 4 aliases: within the alias budget, but 4^8 = 65,536 lists of 4 values
+    [f"    params: {{w0: &w0 [{', '.join(['x'] * 4)}],\n"]
+    + [f"      w{i}: &w{i} [{', '.join([f'*w{i - 1}'] * 4)}],\n" for i in range(1, 9)]
+) + "    }\n"
+DIGITS = "  digits:\n    model: {name: mlp, params: {hidden: [64]}}\n"
+
+
 # (id, mutation, substrings the message must contain). Paths use '/' because labels contain dots.
 BAD = [
     ("unknown-method", _set("methods/fedfoo", {}), ["fedfoo", "method", "allowed", "fedavg"]),
@@ -175,22 +238,136 @@ BAD = [
     ("multistep-milestones-decreasing", _set("training/lr_schedule", {"name": "multistep", "milestones": [3, 2]}),
      ["lr_schedule.milestones", "[3, 2]", "allowed"]),
     ("bad-experiment-name", _set("experiment", "has space"), ["experiment", "'has space'", "allowed"]),
+    # ---- names that would escape results/<experiment>/ or mix into shared folders (issue 15)
+    ("experiment-trailing-newline", _set("experiment", "test\n"), ["experiment", "'test\\n'", "allowed", "64 characters"]),
+    ("experiment-reserved-raw", _set("experiment", "raw"), ["experiment", "'raw'", "allowed", "not one of raw, shards"]),
+    ("experiment-reserved-shards", _set("experiment", "shards"), ["experiment", "'shards'", "allowed", "not one of"]),
+    ("experiment-reserved-logs-any-case", _set("experiment", "Logs"), ["experiment", "'Logs'", "allowed", "logs"]),
+    ("experiment-too-long", _set("experiment", "x" * 300), ["experiment", "'xxxx", "allowed", "1 to 64 characters"]),
+    ("experiment-path-traversal", _set("experiment", "../escape"), ["experiment", "'../escape'", "allowed"]),
+    ("experiment-with-slash", _set("experiment", "a/b"), ["experiment", "'a/b'", "allowed"]),
+    ("experiment-not-a-string", _set("experiment", 7), ["experiment", "7", "allowed", "string"]),
+    ("partition-label-trailing-newline", _rename("partitions", "dir0.5", "dir0.5\n"),
+     ["partitions", "'dir0.5\\n'", "allowed", "letters, digits"]),
+    ("partition-label-too-long", _rename("partitions", "pat2", "p" * 65), ["partitions", "'pppp", "allowed", "64"]),
+    ("method-label-with-slash", _rename("methods", "fedavg", "fed/avg"), ["methods", "'fed/avg'", "allowed"]),
+    ("method-label-with-space", _rename("methods", "local", "my local"), ["methods", "'my local'", "allowed"]),
+    # ---- non-finite numbers (comparisons with NaN are always false)
+    ("lr-nan", _set("training/optimizer/lr", float("nan")), ["training.optimizer.lr", "nan", "allowed", "finite"]),
+    ("lr-inf", _set("training/optimizer/lr", float("inf")), ["training.optimizer.lr", "inf", "allowed", "finite"]),
+    ("participation-nan", _set("training/participation", float("nan")), ["training.participation", "nan", "finite"]),
+    ("alpha-nan", _set("partitions/dir0.5/params/alpha", float("nan")), ["params.alpha", "nan", "allowed", "finite"]),
+    ("alpha-inf", _set("partitions/dir0.5/params/alpha", float("inf")), ["params.alpha", "inf", "allowed", "finite"]),
+    ("momentum-minus-inf", _set("training/optimizer/momentum", float("-inf")), ["optimizer.momentum", "-inf", "finite"]),
+    ("hparam-nan", _set("methods/fedavg_ft/hparams/ft_lr", float("nan")), ["ft_lr", "nan", "allowed", "finite"]),
+    ("test-fraction-nan", _set("partitions/dir0.5/split/test_fraction", float("nan")), ["test_fraction", "nan", "finite"]),
+    # ---- integers are integers
+    ("rounds-float", _set("training/rounds", 3.0), ["training.rounds", "3.0", "allowed", "integer"]),
+    ("rounds-bool", _set("training/rounds", True), ["training.rounds", "True", "allowed", "integer"]),
+    ("seeds-float", _set("seeds", [0.0]), ["seeds.0", "0.0", "allowed", "integer"]),
+    ("batch-size-float", _set("training/batch_size", 16.0), ["training.batch_size", "16.0", "allowed", "integer"]),
+    ("num-clients-float", _set("partitions/dir0.5/num_clients", 6.0), ["num_clients", "6.0", "allowed", "integer"]),
+    ("partition-seed-float", _set("partitions/dir0.5/seed", 1.0), ["partitions.dir0.5.seed", "1.0", "allowed", "integer"]),
+    # ---- mlp.hidden elements
+    ("hidden-element-string", _set("datasets/digits/model/params/hidden", ["abc"]), ["hidden[0]", "'abc'", "allowed", "int"]),
+    ("hidden-element-negative", _set("datasets/digits/model/params/hidden", [-5]), ["hidden[0]", "-5", "allowed", ">= 1"]),
+    ("hidden-element-huge", _set("datasets/digits/model/params/hidden", [1000000000]),
+     ["hidden[0]", "1000000000", "allowed", "<= 65536"]),
+    ("hidden-too-many-layers", _set("datasets/digits/model/params/hidden", [8] * 65), ["hidden", "65 items", "allowed", "64"]),
+    # ---- ranges against the data and untrainable splits
+    ("test-fraction-0", _set("partitions/dir0.5/split/test_fraction", 0), ["test_fraction", "0", "allowed", "> 0"]),
+    ("num-clients-above-samples", _set("partitions/pat2/num_clients", 5000), ["partitions.pat2.num_clients", "5000", "allowed",
+                                                                              "1,797 samples of digits"]),
+    ("min-partition-size-above-samples", _set("partitions/dir0.5/num_clients", 100),
+     ["partitions.dir0.5.params.min_partition_size", "20", "allowed", "at most 17"]),
+    ("untrainable-split", _all(_set("partitions/pat2/num_clients", 1000),
+                               _set("partitions/pat2/split", {"test_fraction": 0.5, "val_fraction": 0.45})),
+     ["partitions.pat2.split", "allowed", "training data", "0.09"]),
+    ("seed-above-range", _set("seeds", [2**32]), ["seeds.0", "4294967296", "allowed", "<= 4294967295"]),
+    # ---- absurd budgets (liftable with FEDREPRO_ALLOW_LARGE_BUDGETS=1)
+    ("rounds-huge", _set("training/rounds", 10**12), ["training.rounds", "1000000000000", "allowed", "10,000",
+                                                      "FEDREPRO_ALLOW_LARGE_BUDGETS"]),
+    ("local-epochs-huge", _set("training/local_epochs", 5000), ["training.local_epochs", "5000", "allowed", "1,000"]),
+    ("rounds-times-epochs", _all(_set("training/rounds", 10000), _set("training/local_epochs", 100)),
+     ["training.rounds", "local_epochs", "1,000,000", "allowed", "100,000"]),
+    ("batch-size-huge", _set("training/batch_size", 10**7), ["training.batch_size", "10000000", "allowed", "65,536"]),
+    ("num-clients-huge", _set("partitions/dir0.5/num_clients", 10**9), ["num_clients", "1000000000", "allowed", "100,000"]),
+    ("too-many-cells", _set("seeds", list(range(2000))), ["cells", "allowed", "10,000", "FEDREPRO_ALLOW_LARGE_BUDGETS"]),
+    ("hparam-huge", _set("methods/fedavg_ft/hparams/ft_epochs", 10**9), ["ft_epochs", "1000000000", "allowed", "1,000,000"]),
+    ("max-retries-huge", _set("partitions/dir0.5/params/max_retries", 10**9), ["max_retries", "1000000000", "allowed"]),
+    # ---- malformed files: what the strict reader (fedrepro.configfile) refuses before any check above
+    ("yte-template", _sub("experiment: test", "__use_yte__: true\nexperiment: ?'test'", "`__use_yte__: true` added, "
+                          "`experiment: test` → `?'test'` (a YTE expression)"), ["__use_yte__", "allowed", "never executed"]),
+    ("yte-definitions", _sub("experiment: test", "experiment: test\n__definitions__: [import os]",
+                             "`__definitions__: [import os]` added"), ["__definitions__", "allowed", "never executed"]),
+    ("duplicate-method-key", _sub("  fedavg: {}\n", "  fedavg: {}\n  fedavg: {method: local}\n",
+                                  "`fedavg: {method: local}` added after `fedavg: {}` in `methods`"),
+     ["methods.fedavg", "appears twice", "allowed", "each key once"]),
+    ("duplicate-top-level-key", _sub("seeds: [0, 1]", "seeds: [0, 1]\nseeds: [5]", "a second `seeds: [5]` added"),
+     ["seeds", "appears twice", "allowed"]),
+    ("duplicate-key-json", _as_json(lambda t: t.replace('"fedavg": {}', '"fedavg": {},\n  "fedavg": {"method": "local"}', 1),
+                                    "the config as JSON with `\"fedavg\": {\"method\": \"local\"}` repeated in `methods`"),
+     ["methods.fedavg", "appears twice", "allowed", "JSON"]),
+    ("int-and-string-key", _sub("  fedavg: {}\n", "  1: {method: fedavg}\n  \"1\": {method: local}\n",
+                                "`1: {method: fedavg}` and `\"1\": {method: local}` in `methods`"),
+     ["methods", "'1'", "integer", "allowed", "string keys"]),
+    ("yaml11-on-key", _sub("  pat2:\n", "  on:\n", "partition label `pat2` → `on`"), ["partitions", "'on'", "boolean", "allowed"]),
+    ("yaml11-yes-key", _sub("  local: {}\n", "  yes: {}\n", "method label `local` → `yes`"), ["methods", "'yes'", "boolean"]),
+    ("yaml11-null-key", _sub("  local: {}\n", "  ~: {}\n", "method label `local` → `~`"), ["methods", "'~'", "null", "allowed"]),
+    ("python-tuple-tag", _sub("seeds: [0, 1]", "seeds: !!python/tuple [0, 1]", "`seeds: !!python/tuple [0, 1]`"),
+     ["seeds", "tag:yaml.org,2002:python/tuple", "allowed", "without tags"]),
+    ("python-object-apply-tag", _sub("experiment: test", "experiment: !!python/object/apply:os.system ['touch MARKER']",
+                                     "`experiment: !!python/object/apply:os.system ['touch MARKER']`"),
+     ["experiment", "python/object/apply:os.system", "allowed", "never code"]),
+    ("custom-tag", _sub("rounds: 3", "rounds: !secret 3", "`rounds: !secret 3`"), ["training.rounds", "'!secret'", "allowed"]),
+    ("binary-tag", _sub("experiment: test", "experiment: !!binary dGVzdA==", "`experiment: !!binary dGVzdA==`"),
+     ["experiment", "binary", "allowed"]),
+    ("alias-bomb", _sub(DIGITS, DIGITS + BOMB, "a 1 KB alias bomb (9 levels of 9 aliases) as `datasets.digits.params`"),
+     ["aliases", "allowed", "at most 64"]),
+    ("alias-expansion", _sub(DIGITS, DIGITS + WIDE, "8 levels of 4 aliases (65,536 lists) as `datasets.digits.params`"),
+     ["datasets.digits.params", "expands to more than 100,000 values", "allowed"]),
+    ("recursive-alias", _sub("seeds: [0, 1]", "seeds: &s [0, *s]", "`seeds: &s [0, *s]`"), ["seeds", "itself", "allowed"]),
+    ("nested-too-deep", _sub("seeds: [0, 1]", "seeds: " + _nested(40), "`seeds` nested 40 lists deep"),
+     ["seeds", "nested more than 32 levels", "allowed"]),
+    ("date-value", _sub("experiment: test", "experiment: 2024-01-31", "`experiment: test` → `2024-01-31`"),
+     ["experiment", "datetime.date(2024, 1, 31)", "allowed", "quote dates"]),
+    ("json-nan", _as_json(lambda t: t.replace('"lr": 0.05', '"lr": NaN', 1), "the config as JSON with `\"lr\": NaN`"),
+     ["training.optimizer.lr", "nan", "allowed", "finite"]),
+    ("json-overflow-to-inf", _as_json(lambda t: t.replace('"lr": 0.05', '"lr": 1e400', 1), "the config as JSON with `\"lr\": 1e400`"),
+     ["training.optimizer.lr", "inf", "allowed", "finite"]),
+    ("json-rounds-1e12", _as_json(lambda t: t.replace('"rounds": 3', '"rounds": 1e12', 1), "the config as JSON with `\"rounds\": 1e12`"),
+     ["training.rounds", "1000000000000.0", "allowed", "integer"]),
+    ("integer-too-long", _sub("rounds: 3", "rounds: " + "9" * 5000, "`rounds:` an integer of 5,000 digits"),
+     ["bad.yaml", "cannot be read", "allowed"]),
+    ("not-utf8", TextCase("byte 0xff in `experiment: test`", lambda t: t.replace("experiment: test", "experiment: te\xffst").encode("latin-1")),
+     ["bad.yaml", "not UTF-8", "0xff", "allowed"]),
+    ("yaml-syntax-error", _sub("seeds: [0, 1]", "seeds: [0, 1", "`seeds: [0, 1` (unclosed)"), ["bad.yaml", "not valid YAML", "line", "allowed"]),
+    ("two-documents", TextCase("a second YAML document `--- {}` appended", lambda t: t + "--- {}\n"),
+     ["bad.yaml", "single document", "allowed"]),
+    ("top-level-list", TextCase("the whole file is `[experiment, test]`", lambda t: "[experiment, test]\n"),
+     ["(top level)", "['experiment', 'test']", "allowed", "object"]),
+    ("empty-file", TextCase("the file is empty", lambda t: ""), ["(top level)", "None", "allowed", "object"]),
 ]
 
 
 @pytest.mark.parametrize("mutate,expected", [b[1:] for b in BAD], ids=[b[0] for b in BAD])
-def test_malformed_config_raises_config_error(base, mutate, expected):
-    cfg = copy.deepcopy(base)
-    mutate(cfg)
+def test_malformed_config_raises_config_error(base, mutate, expected, tmp_path, monkeypatch):
     with pytest.raises(ConfigError) as exc:
-        resolve_experiment(cfg)
+        if isinstance(mutate, TextCase):
+            monkeypatch.chdir(tmp_path)
+            Path("bad.yaml").write_bytes(mutate.content(TEST_CONFIG.read_text()))
+            resolve_experiment(load_config("bad.yaml"))
+        else:
+            cfg = copy.deepcopy(base)
+            mutate(cfg)
+            resolve_experiment(cfg)
     msg = str(exc.value)
     missing = [s for s in expected if s not in msg]
     assert not missing, f"message {msg!r} lacks {missing}"
 
 
 def test_malformed_list_is_large_enough():
-    assert len(BAD) >= 15
+    assert len(BAD) >= 80
     assert len({b[0] for b in BAD}) == len(BAD)
 
 

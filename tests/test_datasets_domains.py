@@ -274,6 +274,7 @@ def fake_gdrive_zip(monkeypatch, build, calls):
             build(zf)
 
     monkeypatch.setattr(tvu, "download_file_from_google_drive", fake)
+    monkeypatch.setenv("FEDREPRO_ALLOW_UNPINNED_DOWNLOADS", "1")  # FedBN's and PACS's zips have no published checksum
 
 
 def test_fedbn_prepare_unpacks_the_release_zip(tmp_path, monkeypatch):
@@ -578,6 +579,7 @@ def test_mitbih_prepare_with_wfdb_download(tmp_path, monkeypatch):
         write_mitdb(Path(dl_dir), records=[r for r in records if r in MIT_ANN])
 
     monkeypatch.setattr(wfdb, "dl_database", fake_dl)
+    monkeypatch.setenv("FEDREPRO_ALLOW_UNPINNED_DOWNLOADS", "1")  # PhysioNet's files are not pinned
     info = prepare_dataset("mitbih", tmp_path, {"records": ["100", "101"]})
     assert calls == [("mitdb", ["100", "101"])]
     assert info["num_samples"] == 13 and info["sample_shape"] == [1, 256] and info["num_classes"] == 12

@@ -97,6 +97,7 @@ def test_unknown_rule_is_rejected_before_any_job():
 def test_validate_warns_when_a_config_leaves_clients_untrained():
     cfg = load_config(REPO / "config/experiments/baselines_fmnist_quick.yaml")
     cfg["training"].update(participation=0.25, rounds=8)
+    cfg["seeds"] = [0]
     lines = untrained_warnings(resolve_experiment(cfg))
     assert len(lines) == 1 and "2 of 20 training clients never train" in lines[0] and "positions [6, 7]" in lines[0]
     cfg["training"].update(participation=1.0, rounds=1)

@@ -44,13 +44,30 @@ def cmd_list(args) -> None:
 
 
 def cmd_validate(args) -> None:
-    from .config import load_config, resolve_experiment
+    import os
 
+    from .config import load_config, resolve_experiment
+    from .registry import ALLOW_LARGE_ENV
+
+    if args.allow_large_budgets:
+        os.environ[ALLOW_LARGE_ENV] = "1"
     for path in args.configs:
         exp = resolve_experiment(load_config(path))
         print(f"{path}: ok, experiment '{exp['experiment']}': {len(exp['partitions'])} partition(s), {len(exp['cells'])} cell(s)")
         for line in untrained_warnings(exp):
             print(f"{path}: warning: {line}", file=sys.stderr)
+        for line in paper_table_lines(path, exp):
+            print(f"{path}: {line}")
+
+
+def paper_table_lines(path, exp: dict) -> list[str]:
+    """Check the config's `paper_tables` (every cell a mapped layout names is produced by the
+    experiment) and say how much of each paper table it covers; [] without paper_tables."""
+    from .config import load_config
+    from .report.papers import coverage_lines, plan_paper_tables
+
+    plan = plan_paper_tables(load_config(path), exp, config_path=path)
+    return coverage_lines(plan) if plan else []
 
 
 def untrained_warnings(exp: dict) -> list[str]:
@@ -85,9 +102,14 @@ def cmd_cells(args) -> None:
 
 
 def cmd_prepare(args) -> None:
+    import os
+
     from .data.datasets import prepare_dataset
+    from .data.downloads import ALLOW_UNPINNED_ENV
     from .io import write_json_atomic
 
+    if args.allow_unpinned:
+        os.environ[ALLOW_UNPINNED_ENV] = "1"
     info = prepare_dataset(args.dataset, Path(args.root), json.loads(args.params))
     if args.out:
         write_json_atomic(args.out, info)
@@ -140,6 +162,30 @@ def cmd_tables(args) -> None:
         print(path)
 
 
+def _paper_plan(args):
+    from .report.aggregate import load_cells
+    from .report.papers import load_published, plan_from_spec
+
+    spec = json.loads(args.spec)
+    return plan_from_spec(load_published(args.published), spec), spec, load_cells(args.metrics)
+
+
+def cmd_paper_table(args) -> None:
+    from .report.aggregate import summary_frame
+    from .report.paper_tables import build_from_plan, write_table
+
+    plan, spec, cells = _paper_plan(args)
+    for path in write_table(build_from_plan(plan, spec["table"], summary_frame(cells)), args.out_prefix):
+        print(path)
+
+
+def cmd_paper_figure(args) -> None:
+    from .report.paper_plots import draw_figure
+
+    plan, spec, cells = _paper_plan(args)
+    draw_figure(plan, spec["figure"], cells, args.out)
+
+
 def cmd_plots(args) -> None:
     from .report.aggregate import load_cells
     from .report.plots import plot_client_distribution, plot_curves
@@ -162,6 +208,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("validate", help="check experiment configs", description="Validate experiment YAML files against the "
                        "schema and the registries; print the number of cells or a message naming the bad key.")
     p.add_argument("configs", nargs="+")
+    p.add_argument("--allow-large-budgets", action="store_true", help="lift the sanity bounds on rounds, epochs, clients, "
+                   "cells and parameter magnitudes (as FEDREPRO_ALLOW_LARGE_BUDGETS=1 does for Snakemake)")
     p.set_defaults(func=cmd_validate)
 
     p = sub.add_parser("cells", help="list the training cells of an experiment", description="List the cells "
@@ -175,6 +223,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--root", required=True)
     p.add_argument("--params", default="{}", help="dataset parameters as JSON")
     p.add_argument("--out", help="write the dataset info (fingerprint, size) to this JSON file")
+    p.add_argument("--allow-unpinned", action="store_true", help="also download files without a published checksum "
+                   "(their sha256 is recorded in --out); as FEDREPRO_ALLOW_UNPINNED_DOWNLOADS=1")
     p.set_defaults(func=cmd_prepare)
 
     p = sub.add_parser("partition", help="partition a dataset into Parquet client shards", description="Partition a dataset "
@@ -222,6 +272,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--curves", required=True)
     p.add_argument("--clients", required=True)
     p.set_defaults(func=cmd_plots)
+
+    p = sub.add_parser("paper-table", help="regenerate a paper table beside the published numbers",
+                       description="Build one paper table from metrics.json files: per cell our mean ± std over seeds, "
+                       "the paper's value and the difference, 95 %% intervals and paired tests; writes PREFIX.md, .tex, "
+                       ".csv, .html and PREFIX_tests.csv.")
+    p.add_argument("metrics", nargs="*")
+    p.add_argument("--published", required=True, help="the paper's data file (config/papers/published/<paper>.yaml)")
+    p.add_argument("--spec", required=True, help="the table and its mapping as JSON (the workflow's paper rules write it)")
+    p.add_argument("--out-prefix", required=True)
+    p.set_defaults(func=cmd_paper_table)
+
+    p = sub.add_parser("paper-figure", help="draw a paper figure's analogue", description="Draw the analogue of one of a "
+                       "paper's figures from the metrics.json files of the runs its table maps.")
+    p.add_argument("metrics", nargs="*")
+    p.add_argument("--published", required=True)
+    p.add_argument("--spec", required=True)
+    p.add_argument("--out", required=True)
+    p.set_defaults(func=cmd_paper_figure)
     return ap
 
 

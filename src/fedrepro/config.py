@@ -8,6 +8,7 @@ the value and what is allowed, and is raised before any job runs.
 from __future__ import annotations
 
 import copy
+import re
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -15,12 +16,13 @@ from typing import Any
 import jsonschema
 import yaml
 
-from .data.datasets import DATASETS
+from .configfile import check_plain, plain_copy, read_config_file
+from .data.datasets import DATASETS, sample_bounds
 from .data.shards import partition_id, resolve_partition_spec
 from .io import short_hash
 from .methods import METHODS
 from .models import MODELS
-from .registry import ConfigError, resolve_params
+from .registry import ConfigError, large_budgets_allowed, lift_hint, resolve_params, show
 
 TRAINING_DEFAULTS: dict[str, Any] = {
     "rounds": 10,
@@ -50,8 +52,58 @@ DEFAULT_MODELS = {"fmnist": "fedavg_cnn", "digits": "mlp", "synthetic": "mlp",
                   **dict.fromkeys(("pacs", "domainnet"), "resnet18_cifar"), "mitbih": "resnet1d"}
 
 
+# Names that become folders (results/<experiment>/, runs/<dataset>/<partition>/<label>/) and
+# Snakemake wildcards: matched in full (re.fullmatch; `$` would also match before a final
+# newline), bounded in length, and never one of the shared folders under results/.
+NAME_PATTERN = r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}"
+NAME_MAX = 64
+RESERVED_NAMES = ("raw", "shards", "logs")  # results/<name>/ folders shared by every experiment
+_NAME_RE = re.compile(NAME_PATTERN)
+NAME_RULE = (f"a name of 1 to {NAME_MAX} characters from letters, digits, '_', '.', '-', starting with a letter or digit")
+
+# Sanity bounds on the compute a config may ask for (a typo such as rounds: 1000000000000 plans
+# jobs that never end). No shipped config comes near them; FEDREPRO_ALLOW_LARGE_BUDGETS=1 lifts them.
+BUDGETS = {
+    "rounds": 10_000,
+    "local_epochs": 1_000,
+    "rounds_x_local_epochs": 100_000,
+    "batch_size": 65_536,
+    "eval_batch_size": 65_536,
+    "num_clients": 100_000,
+    "cells": 10_000,
+}
+
+
 def schema() -> dict:
     return yaml.safe_load(resources.files("fedrepro").joinpath("schemas/experiment.schema.yaml").read_text())
+
+
+# JSON Schema's "integer" accepts 3.0; a config's integers must be written as integers.
+_VALIDATOR = jsonschema.validators.extend(
+    jsonschema.Draft202012Validator,
+    type_checker=jsonschema.Draft202012Validator.TYPE_CHECKER.redefine(
+        "integer", lambda checker, x: isinstance(x, int) and not isinstance(x, bool)),
+)
+
+
+def check_name(where: str, value: Any, reserved: bool = False) -> None:
+    """ConfigError unless `value` is a safe name (see NAME_PATTERN); `reserved`: also not a shared folder."""
+    if not isinstance(value, str):
+        return  # the schema reports the type
+    if not _NAME_RE.fullmatch(value) or (reserved and value.lower() in RESERVED_NAMES):
+        rule = NAME_RULE + (f", not one of {', '.join(RESERVED_NAMES)}" if reserved else "")
+        raise ConfigError(f"config key '{where}' has value {show(value)}; allowed: {rule}")
+
+
+def _check_names(config: dict) -> None:
+    if not isinstance(config, dict):
+        return
+    check_name("experiment", config.get("experiment"), reserved=True)
+    for section in ("partitions", "methods"):
+        labels = config.get(section)
+        for label in labels if isinstance(labels, dict) else ():
+            if not isinstance(label, str) or not _NAME_RE.fullmatch(label):
+                raise ConfigError(f"config key '{section}' has the label {show(label)}; allowed: {NAME_RULE}")
 
 
 def _allowed(err: jsonschema.ValidationError) -> str:
@@ -59,12 +111,13 @@ def _allowed(err: jsonschema.ValidationError) -> str:
     return {
         "minimum": f">= {val}", "exclusiveMinimum": f"> {val}", "maximum": f"<= {val}", "exclusiveMaximum": f"< {val}",
         "type": f"type {val}", "enum": f"one of {val}", "pattern": f"a name matching {val}",
-        "minItems": f"at least {val} item(s)", "minProperties": f"at least {val} entr(y/ies)", "uniqueItems": "no duplicates",
-    }.get(v, err.message)
+        "minItems": f"at least {val} item(s)", "maxItems": f"at most {val} item(s)", "minProperties": f"at least {val} entr(y/ies)",
+        "uniqueItems": "no duplicates", "const": f"{val!r}",
+    }.get(v) or err.schema.get("description") or f"{v} {show(val)}"
 
 
 def _schema_errors(config: dict) -> None:
-    validator = jsonschema.Draft202012Validator(schema())
+    validator = _VALIDATOR(schema())
     errors = sorted(validator.iter_errors(config), key=lambda e: (len(e.absolute_path), list(map(str, e.absolute_path))))
     if not errors:
         return
@@ -73,12 +126,12 @@ def _schema_errors(config: dict) -> None:
     if err.validator == "additionalProperties":
         allowed = sorted(err.schema.get("properties", {}))
         extra = sorted(set(err.instance) - set(allowed))
-        raise ConfigError(f"config key '{where}': unknown key(s) {extra}; allowed keys: {', '.join(allowed)}")
+        raise ConfigError(f"config key '{where}': unknown key(s) {show(extra)}; allowed keys: {', '.join(allowed)}")
     if err.validator == "required":
         raise ConfigError(f"config key '{where}': {err.message}; required keys: {', '.join(err.validator_value)}")
     if err.validator == "propertyNames":
         raise ConfigError(f"config key '{where}': {err.message}; allowed: names of letters, digits, '_', '.', '-'")
-    raise ConfigError(f"config key '{where}' has value {err.instance!r}; allowed: {_allowed(err)}")
+    raise ConfigError(f"config key '{where}' has value {show(err.instance)}; allowed: {_allowed(err)}")
 
 
 def _merge(base: dict, override: dict | None) -> dict:
@@ -106,9 +159,69 @@ def resolve_training(training: dict | None, where: str, num_clients: int | None 
     return t
 
 
-def load_config(path: str | Path) -> dict:
-    with open(path) as fh:
-        return yaml.safe_load(fh)
+def load_config(path: str | Path) -> Any:
+    """The experiment config in `path`, read strictly (fedrepro.configfile): data, never code;
+    ConfigError for duplicate keys, tags, YTE, aliases beyond a small budget, NaN/inf, ..."""
+    return read_config_file(path)
+
+
+def load_experiment(paths: list[str | Path], overrides: dict | None = None) -> Any:
+    """The config the Snakefile runs: the strictly read files merged as Snakemake merges several
+    --configfile (a later file's keys win, nested mappings merged), then `--config` overrides."""
+    merged: Any = None
+    for path in paths:
+        obj = load_config(path)
+        merged = _deep_update(merged, obj) if isinstance(merged, dict) and isinstance(obj, dict) else obj
+    if overrides:
+        check_plain(overrides)
+        merged = _deep_update(merged if isinstance(merged, dict) else {}, plain_copy(dict(overrides)))
+    return merged
+
+
+def _deep_update(base: dict, new: dict) -> dict:
+    out = dict(base)
+    for k, v in new.items():
+        out[k] = _deep_update(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def _budget(where: str, value: Any, key: str) -> None:
+    limit = BUDGETS[key]
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and value > limit and not large_budgets_allowed():
+        raise ConfigError(f"config key '{where}' has value {show(value)}; allowed: at most {limit:,} {lift_hint()}")
+
+
+def _check_training_budget(where: str, t: dict) -> None:
+    _budget(f"{where}.rounds", t["rounds"], "rounds")
+    _budget(f"{where}.local_epochs", t["local_epochs"], "local_epochs")
+    _budget(f"{where}.batch_size", t["batch_size"], "batch_size")
+    _budget(f"{where}.eval_batch_size", t["eval_batch_size"], "eval_batch_size")
+    total = t["rounds"] * t["local_epochs"]
+    if total > BUDGETS["rounds_x_local_epochs"] and not large_budgets_allowed():
+        raise ConfigError(f"config key '{where}.rounds' x '{where}.local_epochs' = {total:,}; allowed: at most "
+                          f"{BUDGETS['rounds_x_local_epochs']:,} local epochs per client {lift_hint()}")
+
+
+def _check_partition_size(label: str, ds: str, dsinfo: dict, spec: dict) -> None:
+    """num_clients, min_partition_size and the split against the dataset's size (where it is known)."""
+    bounds = sample_bounds(ds, dsinfo["params"])
+    if bounds is None:
+        return
+    n = bounds[1] if spec["pool"] else bounds[0]
+    scope = f"the {n:,} samples of {ds}" + ("" if spec["pool"] else " (its official train set: pool: false)")
+    k = spec["num_clients"]
+    if k > n:
+        raise ConfigError(f"config key 'partitions.{label}.num_clients' has value {k}; allowed: at most {scope}")
+    m = spec["params"].get("min_partition_size")
+    if isinstance(m, int) and spec["params"].get("sampler", "split") == "split" and m * k > n:
+        raise ConfigError(f"config key 'partitions.{label}.params.min_partition_size' has value {m}; allowed: at most "
+                          f"{n // k} ({scope} over {k} clients)")
+    split = spec["split"]
+    train_share = 1 - split["test_fraction"] - split["val_fraction"]
+    if n / k * train_share < 1:
+        raise ConfigError(f"config key 'partitions.{label}.split' has value {show(split)}; allowed: a split that leaves every "
+                          f"client training data ({scope} over {k} clients give {n / k:.2f} samples per client, "
+                          f"{n / k * train_share:.2f} of them for training)")
 
 
 def resolve_experiment(config: dict) -> dict[str, Any]:
@@ -116,7 +229,12 @@ def resolve_experiment(config: dict) -> dict[str, Any]:
 
     partitions: list of {dataset, label, id, spec}; cells: list of resolved cell dicts.
     """
+    check_plain(config)
+    _check_names(config)
     _schema_errors(config)
+    config = plain_copy(config)
+    for label, p in config["partitions"].items():
+        _budget(f"partitions.{label}.num_clients", p["num_clients"], "num_clients")
     name = config["experiment"]
     datasets: dict[str, dict] = {}
     for ds, entry in config["datasets"].items():
@@ -152,6 +270,7 @@ def resolve_experiment(config: dict) -> dict[str, Any]:
             k = resolved["params"].get("num_classes_per_partition")
             if k is not None and k > dsinfo["num_classes"]:
                 raise ConfigError(f"config key 'partitions.{label}.params.num_classes_per_partition' has value {k}; allowed: at most the {dsinfo['num_classes']} classes of {ds}")
+            _check_partition_size(label, ds, dsinfo, resolved)
             partitions.append({"dataset": ds, "label": label, "id": partition_id(spec), "spec": resolved})
     base_training = config.get("training") or {}
     evaluation = _merge(EVALUATION_DEFAULTS, config.get("evaluation"))
@@ -173,6 +292,7 @@ def resolve_experiment(config: dict) -> dict[str, Any]:
             where = (f"methods.{label}.training" if method_training else f"datasets.{ds}.training" if datasets[ds]["training"] else "training")
             spec = part["spec"]
             t = resolve_training(training, where, spec["num_clients"] - spec["unseen_clients"])
+            _check_training_budget(where, t)
             if "official" in t["global_test"] and spec["pool"]:
                 raise ConfigError(f"config key '{where}.global_test' has value {t['global_test']}; allowed: 'official' only with "
                                   f"a partition that keeps the official test set apart (partitions.{part['label']}.pool: false)")
@@ -182,6 +302,9 @@ def resolve_experiment(config: dict) -> dict[str, Any]:
                     "method": method, "label": label, "hparams": hp, "model": datasets[ds]["model"],
                     "seed": seed, "training": t, "evaluation": evaluation,
                 })
+        if len(cells) > BUDGETS["cells"] and not large_budgets_allowed():
+            raise ConfigError(f"config key '(top level)' expands to more than {BUDGETS['cells']:,} cells (datasets x partitions "
+                              f"x methods x seeds); allowed: at most {BUDGETS['cells']:,} {lift_hint()}")
     return {"experiment": name, "datasets": datasets, "partitions": partitions, "cells": cells}
 
 

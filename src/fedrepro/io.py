@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import ctypes.util
 import errno
 import hashlib
 import json
 import os
+import shutil
 import tempfile
 import zlib
 from pathlib import Path
@@ -29,7 +32,8 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     """Yield a temporary path beside `path`; rename it into place only on success.
 
     A crash or an exception leaves `path` untouched (old content or absent), never
-    half-written. The rename is atomic on POSIX file systems.
+    half-written. The rename is atomic on POSIX file systems; the file and then its
+    directory are fsync-ed, so after a power loss the new content is there or the old one.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -42,6 +46,7 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
         with open(tmp_path, "rb") as fh:
             os.fsync(fh.fileno())
         os.replace(tmp_path, path)
+        fsync_dir(path.parent)
     except OSError as exc:
         with contextlib.suppress(FileNotFoundError):
             tmp_path.unlink()
@@ -52,6 +57,58 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
         with contextlib.suppress(FileNotFoundError):
             tmp_path.unlink()
         raise
+
+
+def fsync_dir(path: str | os.PathLike) -> None:
+    """fsync a directory, making the renames and creations inside it durable (no-op where unsupported)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:  # some file systems refuse fsync on directories
+        pass
+    finally:
+        os.close(fd)
+
+
+_RENAME_EXCHANGE = 2  # linux/fs.h
+
+
+def _renameat2_exchange(a: str, b: str) -> bool:
+    """Swap two existing paths atomically (Linux renameat2 RENAME_EXCHANGE); False where unavailable."""
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+        fn = libc.renameat2
+    except (OSError, AttributeError):
+        return False
+    at_fdcwd = -100
+    fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    if fn(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), _RENAME_EXCHANGE) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.EINVAL, errno.ENOSYS, errno.ENOTSUP, getattr(errno, "EOPNOTSUPP", errno.ENOTSUP)):
+        return False  # kernel or file system without RENAME_EXCHANGE
+    raise OSError(err, os.strerror(err), a)
+
+
+def replace_dir(new: str | os.PathLike, dest: str | os.PathLike) -> None:
+    """Put the finished directory `new` at `dest`, replacing what is there without a moment in
+    which `dest` is missing (atomic exchange, then the old content is removed); where the
+    exchange is not supported, the old directory is renamed away just before the new one is
+    renamed in (a gap of two renames, never a half-written directory)."""
+    new, dest = Path(new), Path(dest)
+    if not dest.exists():
+        os.replace(new, dest)
+    elif _renameat2_exchange(str(new), str(dest)):
+        shutil.rmtree(new, ignore_errors=True)  # `new` now holds the old content
+    else:
+        trash = Path(tempfile.mkdtemp(prefix=f".{dest.name}.old.", dir=dest.parent))
+        os.replace(dest, trash / dest.name)
+        os.replace(new, dest)
+        shutil.rmtree(trash, ignore_errors=True)
+    fsync_dir(dest.parent)
 
 
 def write_text_atomic(path: str | os.PathLike, text: str) -> None:

@@ -7,6 +7,9 @@ against them before any job runs.
 
 from __future__ import annotations
 
+import math
+import os
+import reprlib
 from dataclasses import dataclass, field
 from typing import Any, Callable, Generic, Iterator, TypeVar
 
@@ -15,6 +18,35 @@ T = TypeVar("T")
 
 class ConfigError(ValueError):
     """Bad user input: the message names the key, the value and what is allowed."""
+
+
+_REPR = reprlib.Repr()
+_REPR.maxstring = _REPR.maxother = 80
+_REPR.maxlist = _REPR.maxtuple = _REPR.maxset = 12
+_REPR.maxdict = 8
+_REPR.maxlevel = 2
+_REPR.maxlong = 40
+
+
+def show(value: Any) -> str:
+    """repr(value) for error messages, truncated (reprlib): a huge or deeply shared value
+    (e.g. a YAML alias bomb) never builds a huge message. Small values print as repr()."""
+    return _REPR.repr(value)
+
+
+#: Environment variable lifting the sanity bounds on budgets (rounds, epochs, clients, cells,
+#: parameter magnitudes); `fedrepro validate --allow-large-budgets` sets it for one run.
+ALLOW_LARGE_ENV = "FEDREPRO_ALLOW_LARGE_BUDGETS"
+#: A number parameter without a declared maximum may not exceed this (unless lifted).
+SANITY_MAX = 1_000_000
+
+
+def large_budgets_allowed() -> bool:
+    return os.environ.get(ALLOW_LARGE_ENV, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def lift_hint() -> str:
+    return f"(a sanity bound; set {ALLOW_LARGE_ENV}=1 or pass `fedrepro validate --allow-large-budgets` to lift it)"
 
 
 @dataclass(frozen=True)
@@ -28,6 +60,8 @@ class Param:
     minimum: float | None = None
     exclusive_minimum: float | None = None
     maximum: float | None = None
+    items: "Param | None" = None  # for a list value: the Param every element must satisfy
+    max_items: int | None = None  # for a list value: at most this many elements
 
     def check(self, where: str, key: str, value: Any) -> None:
         types = self.type if self.type is not None else _infer_type(self.default)
@@ -38,16 +72,28 @@ class Param:
             ok = isinstance(value, types_t) and not (isinstance(value, bool) and bool not in types_t)
             if not ok:
                 names = "/".join(t.__name__ for t in types_t)
-                raise ConfigError(f"{where}: key '{key}' has value {value!r} of type {type(value).__name__}; allowed: {names}")
+                raise ConfigError(f"{where}: key '{key}' has value {show(value)} of type {type(value).__name__}; allowed: {names}")
         if self.choices is not None and value not in self.choices:
-            raise ConfigError(f"{where}: key '{key}' has value {value!r}; allowed: one of {list(self.choices)}")
+            raise ConfigError(f"{where}: key '{key}' has value {show(value)}; allowed: one of {list(self.choices)}")
         if isinstance(value, (int, float)) and not isinstance(value, bool):
+            if isinstance(value, float) and not math.isfinite(value):
+                raise ConfigError(f"{where}: key '{key}' has value {show(value)}; allowed: a finite number")
             if self.minimum is not None and value < self.minimum:
-                raise ConfigError(f"{where}: key '{key}' has value {value!r}; allowed: >= {self.minimum}")
+                raise ConfigError(f"{where}: key '{key}' has value {show(value)}; allowed: >= {self.minimum}")
             if self.exclusive_minimum is not None and value <= self.exclusive_minimum:
-                raise ConfigError(f"{where}: key '{key}' has value {value!r}; allowed: > {self.exclusive_minimum}")
+                raise ConfigError(f"{where}: key '{key}' has value {show(value)}; allowed: > {self.exclusive_minimum}")
             if self.maximum is not None and value > self.maximum:
-                raise ConfigError(f"{where}: key '{key}' has value {value!r}; allowed: <= {self.maximum}")
+                raise ConfigError(f"{where}: key '{key}' has value {show(value)}; allowed: <= {self.maximum}")
+            if self.maximum is None and abs(value) > SANITY_MAX and not large_budgets_allowed():
+                raise ConfigError(f"{where}: key '{key}' has value {show(value)}; allowed: at most {SANITY_MAX:,} in "
+                                  f"magnitude {lift_hint()}")
+        if isinstance(value, (list, tuple)):
+            if self.max_items is not None and len(value) > self.max_items:
+                raise ConfigError(f"{where}: key '{key}' has value {show(value)} ({len(value)} items); allowed: at most "
+                                  f"{self.max_items} items")
+            if self.items is not None:
+                for i, item in enumerate(value):
+                    self.items.check(where, f"{key}[{i}]", item)
 
 
 def _infer_type(default: Any):
@@ -74,7 +120,7 @@ def resolve_params(where: str, declared: dict[str, Param], given: dict[str, Any]
     unknown = sorted(set(given) - set(declared))
     if unknown:
         allowed = ", ".join(sorted(declared)) or "(none)"
-        raise ConfigError(f"{where}: unknown parameter(s) {unknown}; allowed parameters: {allowed}")
+        raise ConfigError(f"{where}: unknown parameter(s) {show(unknown)}; allowed parameters: {allowed}")
     out = {}
     for key, param in declared.items():
         value = given.get(key, param.default)

@@ -14,8 +14,8 @@ rule aggregate:
         f"{OUT}/logs/aggregate.log",
     localrule: True
     shell:
-        "fedrepro aggregate {input} --csv {output.csv} --json {output.json} "
-        "--curves {output.curves} > {log} 2>&1"
+        "fedrepro aggregate {input:q} --csv {output.csv:q} --json {output.json:q} "
+        "--curves {output.curves:q} > {log:q} 2>&1"
 
 
 rule tables:
@@ -40,7 +40,7 @@ rule tables:
         out_dir=lambda wildcards, output: os.path.dirname(output[0]),
     localrule: True
     shell:
-        "fedrepro tables --summary {input} --out-dir {params.out_dir} > {log} 2>&1"
+        "fedrepro tables --summary {input:q} --out-dir {params.out_dir:q} > {log:q} 2>&1"
 
 
 rule plots:
@@ -65,5 +65,5 @@ rule plots:
         f"{OUT}/logs/plots_{{dataset}}_{{partition}}.log",
     localrule: True
     shell:
-        "fedrepro plots {input} --dataset {wildcards.dataset} --partition {wildcards.partition} "
-        "--curves {output.curves} --clients {output.clients} > {log} 2>&1"
+        "fedrepro plots {input:q} --dataset {wildcards.dataset:q} --partition {wildcards.partition:q} "
+        "--curves {output.curves:q} --clients {output.clients:q} > {log:q} 2>&1"

@@ -2,15 +2,25 @@
 # All checks run here, at parse time: a bad config stops before any job starts.
 import json
 import os
+import re
 import sys
 
-from fedrepro.config import resolve_experiment
+from fedrepro.config import load_experiment, resolve_experiment
 from fedrepro.registry import ConfigError
 
 try:
-    # Checks the JSON schema in workflow/schemas/config.schema.yaml, then every name and
-    # hyper-parameter against fedrepro's registries.
-    EXP = resolve_experiment(config)
+    # The config files are read again with fedrepro's strict reader (the one `fedrepro validate`
+    # uses: no YTE, no tags, no duplicate keys, aliases within a small budget, finite numbers),
+    # whatever Snakemake's own reader made of them; --config overrides apply on top. Then the JSON
+    # schema in workflow/schemas/config.schema.yaml, every name and hyper-parameter against
+    # fedrepro's registries, the dataset sizes and the budgets. (The workflow profiles make
+    # Snakemake itself read --configfile strictly too: docs/security.md.)
+    CONFIG_FILES = [str(p) for p in workflow.overwrite_configfiles] or [
+        f"{workflow.basedir}/config/config.yaml"
+    ]
+    EXP = resolve_experiment(
+        load_experiment(CONFIG_FILES, dict(workflow.config_settings.config))
+    )
 except ConfigError as exc:
     sys.exit(f"fedrepro: invalid experiment config: {exc}")
 
@@ -22,10 +32,19 @@ CELLS = {
 PARTITIONS = {(p["dataset"], p["label"]): p for p in EXP["partitions"]}
 
 
+def _one_of(names):
+    return "|".join(re.escape(n) for n in sorted(names))
+
+
+# Every wildcard matches only what this experiment defines (names are checked in full by
+# fedrepro.config: letters, digits, '_', '.', '-'), so no path can be matched across folders.
 wildcard_constraints:
-    dataset="|".join(EXP["datasets"]),
+    dataset=_one_of(EXP["datasets"]),
+    partition=_one_of({p["label"] for p in EXP["partitions"]}),
+    label=_one_of({c["label"] for c in EXP["cells"]}),
     seed=r"\d+",
     pid=r"[0-9a-f]{10}",
+    prepared=r"[0-9a-f]{8}",
 
 
 def raw_marker(dataset):

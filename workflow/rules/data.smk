@@ -10,13 +10,14 @@ rule prepare_data:
         "results/logs/prepare/{dataset}-{prepared}.log",
     params:
         ds_params=lambda wc: json.dumps(EXP["datasets"][wc.dataset]["params"]),
+        root=lambda wc: f"results/raw/{wc.dataset}",
     resources:
         runtime=60,
     message:
         "preparing raw data of {wildcards.dataset}"
     shell:
-        "fedrepro prepare {wildcards.dataset} --root results/raw/{wildcards.dataset} "
-        "--params {params.ds_params:q} --out {output} > {log} 2>&1"
+        "fedrepro prepare {wildcards.dataset:q} --root {params.root:q} "
+        "--params {params.ds_params:q} --out {output:q} > {log:q} 2>&1"
 
 
 rule partition:
@@ -30,14 +31,15 @@ rule partition:
         "results/logs/partition/{dataset}-{pid}.log",
     params:
         spec=spec_by_id,
+        root=lambda wc: f"results/raw/{wc.dataset}",
     resources:
         mem_mb=8000,
         runtime=60,
     message:
         "partitioning {wildcards.dataset} into shards {wildcards.pid}"
     shell:
-        "fedrepro partition --spec {params.spec:q} --root results/raw/{wildcards.dataset} "
-        "--out {output} > {log} 2>&1"
+        "fedrepro partition --spec {params.spec:q} --root {params.root:q} "
+        "--out {output:q} > {log:q} 2>&1"
 
 
 rule plot_partition:
@@ -56,4 +58,4 @@ rule plot_partition:
         "results/logs/partition/{dataset}-{pid}.plot.log",
     localrule: True
     shell:
-        "fedrepro plot-partition {input} {output} > {log} 2>&1"
+        "fedrepro plot-partition {input:q} {output:q} > {log:q} 2>&1"

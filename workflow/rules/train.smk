@@ -17,6 +17,7 @@ rule train:
         cell=cell_json,
         # Not an output: it must survive a killed job so the rerun resumes from it.
         checkpoint=f"{OUT}/checkpoints/{{dataset}}/{{partition}}/{{label}}/seed{{seed}}.pt",
+        out_dir=lambda wildcards, output: os.path.dirname(output.metrics),
     threads: 2
     resources:
         gpu=1,
@@ -25,5 +26,5 @@ rule train:
     message:
         "training cell {wildcards.dataset}/{wildcards.partition}/{wildcards.label}/seed{wildcards.seed}"
     shell:
-        "fedrepro train --cell {params.cell:q} --shards {input} --out-dir $(dirname {output.metrics}) "
-        "--checkpoint {params.checkpoint} --threads {threads} > {log} 2>&1"
+        "fedrepro train --cell {params.cell:q} --shards {input:q} --out-dir {params.out_dir:q} "
+        "--checkpoint {params.checkpoint:q} --threads {threads} > {log:q} 2>&1"

@@ -1,11 +1,13 @@
 """Generate docs/bad_configs.md: malformed experiment configs and the exact messages that reject them.
 
 The cases are the malformed configs of tests/test_config.py (its `BAD` list: one
-mutation each of the valid config/test.yaml). For each, this script applies the
-mutation, validates the result with the same function the workflow calls at parse time
-(fedrepro.config.resolve_experiment, from workflow/rules/common.smk) and records the
-ConfigError message. Snakemake prints it as `fedrepro: invalid experiment config: <message>`
-and stops before any job runs.
+mutation each of the valid config/test.yaml, either of the parsed config or, for what
+only the file shows -- duplicate keys, tags, YTE, aliases, encoding --, of its text).
+For each, this script applies the mutation, reads the file with the strict reader
+(fedrepro.config.load_config) where the mutation is textual, validates the result with
+the same function the workflow calls at parse time (fedrepro.config.resolve_experiment,
+from workflow/rules/common.smk) and records the ConfigError message. Snakemake prints it as
+`fedrepro: invalid experiment config: <message>` and stops before any job runs.
 
     .venv/bin/python workflow/scripts/bad_configs_doc.py            # rewrite docs/bad_configs.md
     .venv/bin/python workflow/scripts/bad_configs_doc.py --check    # exit 1 if the doc is stale
@@ -16,9 +18,12 @@ tests/test_bad_configs.py regenerates the document and compares it with the file
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import importlib.util
+import os
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any, Callable
 
@@ -50,7 +55,14 @@ def _flatten(node: Any, prefix: str = "") -> dict[str, Any]:
 
 
 def _show(value: Any) -> str:
-    return yaml.safe_dump(value, default_flow_style=True, width=10**6).strip().removesuffix("...").strip()
+    if isinstance(value, str) and len(value) > 40:
+        return f"'{value[:12]}…' ({len(value)} characters)"
+    if isinstance(value, str) and not value.isprintable():
+        return repr(value)
+    if isinstance(value, list) and len(value) > 8:
+        return f"[{', '.join(_show(v) for v in value[:3])}, …] ({len(value)} items)"
+    text = yaml.safe_dump(value, default_flow_style=True, width=10**6).strip().removesuffix("...").strip()
+    return text.replace("\n", "\\n").replace("|", "\\|")
 
 
 def describe_change(base: dict, bad: dict) -> list[str]:
@@ -69,24 +81,47 @@ def describe_change(base: dict, bad: dict) -> list[str]:
     return lines or ["(no visible change)"]
 
 
+@contextlib.contextmanager
+def _in_temp_dir():
+    old = os.getcwd()
+    with tempfile.TemporaryDirectory() as tmp:
+        os.chdir(tmp)
+        try:
+            yield Path(tmp)
+        finally:
+            os.chdir(old)
+
+
 def collect() -> list[dict[str, Any]]:
-    """Every case with its change and the exact message; raises if a case is accepted."""
+    """Every case with its change and the exact message; raises if a case is accepted.
+
+    A row has `config` (the mutated config, for dict mutations) or `text` (the bad file's
+    bytes, for textual mutations, read as `bad.yaml` in the current folder)."""
     sys.path.insert(0, str(REPO / "src"))
     from fedrepro.config import load_config, resolve_experiment
     from fedrepro.registry import ConfigError
 
     base = load_config(BASE_CONFIG)
+    base_text = BASE_CONFIG.read_text()
     rows = []
     for case_id, mutate, _expected in load_cases():
-        bad = copy.deepcopy(base)
-        mutate(bad)
+        text = bad = None
         try:
-            resolve_experiment(copy.deepcopy(bad))
+            if hasattr(mutate, "content"):  # a malformed file (tests/test_config.py TextCase)
+                text = mutate.content(base_text)
+                with _in_temp_dir():
+                    Path("bad.yaml").write_bytes(text)
+                    resolve_experiment(load_config("bad.yaml"))
+            else:
+                bad = copy.deepcopy(base)
+                mutate(bad)
+                resolve_experiment(copy.deepcopy(bad))
         except ConfigError as exc:
             message = str(exc)
         else:
             raise SystemExit(f"case {case_id}: the config was accepted")
-        rows.append({"id": case_id, "change": describe_change(base, bad), "message": message, "config": bad})
+        change = [mutate.change] if getattr(mutate, "change", None) else describe_change(base, bad)
+        rows.append({"id": case_id, "change": change, "message": message, "config": bad, "text": text})
     return rows
 
 
@@ -98,9 +133,12 @@ def render(rows: list[dict[str, Any]]) -> str:
         "     Regenerate: .venv/bin/python workflow/scripts/bad_configs_doc.py -->",
         "",
         "A bad experiment config stops the workflow while Snakemake parses it, before any job",
-        "runs (`workflow/rules/common.smk` validates it with `fedrepro.config.resolve_experiment`;",
-        "`fedrepro validate <config>` does the same without Snakemake). The message names the",
-        "key, the value and what is allowed. Snakemake prints it as",
+        "runs (`workflow/rules/common.smk` reads it with the strict reader `fedrepro.config.load_config`",
+        "and validates it with `fedrepro.config.resolve_experiment`; `fedrepro validate <config>` does",
+        "the same without Snakemake, and the workflow profiles make Snakemake's own `--configfile`",
+        "reading use the strict reader too, see [security.md](security.md)). The message names the",
+        "key (or, for a file that cannot be read at all, the file), the value and what is allowed.",
+        "Snakemake prints it as",
         "",
         "```",
         f"{SNAKEMAKE_PREFIX}<message>",
@@ -109,7 +147,11 @@ def render(rows: list[dict[str, Any]]) -> str:
         f"Each case below changes one thing in the valid `config/test.yaml`; the {len(rows)} cases",
         "are those of `tests/test_config.py` (`BAD`), and the messages are the exact text",
         "produced by the current code (`tests/test_bad_configs.py` checks that this file is",
-        "in sync and that `snakemake -n --configfile bad.yaml` fails with the message).",
+        "in sync, that `fedrepro validate bad.yaml` prints each message and that",
+        "`snakemake -n --configfile bad.yaml` fails with it before any job). Changes to the",
+        f"file's text ({sum(r['text'] is not None for r in rows)} cases: duplicate keys, tags, YTE, aliases,",
+        "encoding, ...) are read from a file named `bad.yaml`; the others change the parsed config.",
+        "Budgets marked as sanity bounds are lifted with `FEDREPRO_ALLOW_LARGE_BUDGETS=1`.",
         "",
         "| # | case | change to `config/test.yaml` |",
         "|---|------|------------------------------|",

@@ -61,13 +61,19 @@ def prepare_dataset(name: str, root: Path, params: dict | None = None) -> dict[s
     """Make dataset `name` present under `root`, load it once and describe it.
 
     Returns {dataset, params, fingerprint, num_samples, num_classes, sample_shape,
-    source}; writes nothing but the raw files the dataset's `prepare` puts there.
+    source, downloads}; writes nothing but the raw files the dataset's `prepare` puts there.
+    `downloads` lists every file fetched in this call with its sha256 and whether it matched a
+    pinned checksum (fedrepro.data.downloads).
     """
+    from fedrepro.data.downloads import recording
+
     spec, resolved = _resolve(name, params)
     root = Path(root)
-    spec.prepare(root, resolved)
+    with recording() as downloads:
+        spec.prepare(root, resolved)
     raw = spec.load(root, resolved)
     return {
+        "downloads": downloads,
         "dataset": name,
         "params": resolved,
         "fingerprint": raw.fingerprint(),
@@ -76,6 +82,50 @@ def prepare_dataset(name: str, root: Path, params: dict | None = None) -> dict[s
         "sample_shape": list(raw.sample_shape),
         "source": raw.source,
     }
+
+
+#: (official train, total) sample counts of the datasets whose size does not depend on their
+#: parameters beyond what `sample_bounds` computes; upper bounds where the files vary.
+_SIZES: dict[str, tuple[int, int]] = {
+    "fmnist": (60_000, 70_000), "digits": (1_797, 1_797), "mnist": (60_000, 70_000), "cifar10": (50_000, 60_000),
+    "cifar100": (50_000, 60_000), "stl10": (5_000, 13_000), "usps": (7_291, 9_298),
+    "mnistm": (59_001, 68_002),  # the larger of the original (59,001 + 9,001) and FedBN releases
+    "syn": (479_400, 488_953),  # the larger of the original (479,400 + 9,553) and FedBN releases
+    "mitbih": (110_000, 110_000),  # ~109k annotated beats in all 48 records (all official_split 0)
+}
+_EMNIST_SIZES = {"byclass": (697_932, 814_255), "bymerge": (697_932, 814_255), "balanced": (112_800, 131_600),
+                 "letters": (124_800, 145_600), "digits": (240_000, 280_000), "mnist": (60_000, 70_000)}
+_PACS_SIZES = {"photo": 1_670, "art_painting": 2_048, "cartoon": 2_344, "sketch": 3_929}
+_DOMAINNET_SIZES = {"clipart": (33_525, 14_604), "infograph": (36_023, 15_582), "painting": (50_426, 21_855),
+                    "quickdraw": (120_750, 51_750), "real": (120_906, 52_041), "sketch": (48_212, 20_916)}
+
+
+def sample_bounds(name: str, params: dict[str, Any]) -> tuple[int, int] | None:
+    """(official train samples, all samples) of dataset `name` with resolved `params`: exact or an
+    upper bound, computed without reading any file; None where unknown. Used before any job runs
+    to refuse more clients than samples."""
+    try:
+        if name == "synthetic":
+            rng = np.random.RandomState(int(params["seed"]))  # the generator's first draw: the users' sizes
+            sizes = rng.lognormal(4, 2, int(params["num_users"])).astype(int) + 50
+            if params.get("max_samples_per_user") is not None:
+                sizes = np.minimum(sizes, int(params["max_samples_per_user"]))
+            n = int(sizes.sum())
+            return n, n
+        if name == "emnist":
+            return _EMNIST_SIZES.get(params.get("split"))
+        if name == "svhn":
+            return (73_257 + 531_131, 99_289 + 531_131) if params.get("include_extra") else (73_257, 99_289)
+        if name == "pacs":
+            n = sum(_PACS_SIZES.get(d, 0) for d in params["domains"])
+            return n, n
+        if name == "domainnet":
+            cap = params.get("max_per_domain")
+            per = [tuple(min(k, cap) if cap else k for k in _DOMAINNET_SIZES.get(d, (0, 0))) for d in params["domains"]]
+            return sum(t for t, _ in per), sum(t + u for t, u in per)
+    except (KeyError, TypeError, ValueError):
+        return None
+    return _SIZES.get(name)
 
 
 def load_dataset(name: str, root: Path, params: dict | None = None) -> RawDataset:

@@ -43,12 +43,22 @@ Normalize((0.5,)*3, (0.5,)*3); PACS and DomainNet use none (mean 0, std 1), as
 FedGCR's `prepare_domainnet_uneven` (ToTensor only); MIT-BIH uses the loaded beats'
 own mean / std (population).
 
-Pickle note: FedBN's .pkl files are Python pickles; only load ones you downloaded
-from the source named here.
+Pickle note: FedBN's .pkl files are Python pickles (or .npy files holding a pickled object
+array). They are read by a restricted unpickler that builds numpy arrays and nothing else
+(`safe_unpickle`): a planted pickle that names any other Python object is refused, never run.
+
+Downloads (`fedrepro prepare`) go through fedrepro.data.downloads: DomainNet's archives and
+split files are verified against their published md5 and size before use; FedBN's
+digit_dataset.zip, DomainBed's PACS.zip and the MIT-BIH records have no published checksum
+and are downloaded only with FEDREPRO_ALLOW_UNPINNED_DOWNLOADS=1 (their sha256 is then
+recorded in the dataset's provenance). Archives are unpacked into a temporary folder that is
+renamed into place, and every path read from a list file (DomainNet's and MNIST-M's) must
+stay inside its data folder.
 """
 
 from __future__ import annotations
 
+import codecs
 import os
 import pickle
 import shutil
@@ -60,7 +70,10 @@ import numpy as np
 
 from fedrepro.data.base import DataMissingError, RawDataset
 from fedrepro.data.datasets import DatasetSpec, _register
-from fedrepro.registry import ConfigError, Param
+from fedrepro.data.downloads import (Download, UnpinnedDownloadError, contained, extract_zip, fetch, file_digests, record,
+                                     require_unpinned_ok)
+from fedrepro.io import replace_dir
+from fedrepro.registry import ConfigError, Param, show
 
 # ===================================================================== shared helpers
 
@@ -79,13 +92,18 @@ def _missing(title: str, folder: Path, expected: Iterable[str], how: Sequence[st
     return DataMissingError("\n".join(lines))
 
 
+def _refused(title: str, folder: Path, expected: Iterable[str], how: Sequence[str], exc: UnpinnedDownloadError) -> DataMissingError:
+    """The files are missing and their download needs the operator's opt-in: say so first."""
+    return DataMissingError(f"{exc}\n" + str(_missing(title, folder, expected, how)))
+
+
 def _check_list(where: str, key: str, value: Any, allowed: Sequence[str]) -> list[str]:
     """A non-empty list of distinct names drawn from `allowed` (ConfigError otherwise)."""
     items = list(value)
     bad = [v for v in items if v not in allowed]
     if not items or bad or len(set(items)) != len(items):
         raise ConfigError(
-            f"{where}: key '{key}' has value {value!r}; allowed: a non-empty list of distinct names from {list(allowed)}"
+            f"{where}: key '{key}' has value {show(value)}; allowed: a non-empty list of distinct names from {list(allowed)}"
         )
     return items
 
@@ -228,11 +246,65 @@ def _fedbn_expected(root: Path, domains: Iterable[str]) -> list[str]:
     ]
 
 
+def _allowed_pickle_globals() -> dict[tuple[str, str], Any]:
+    """The only callables a FedBN pickle may name: what numpy arrays (and their dtypes) pickle to."""
+    try:
+        from numpy._core import multiarray as ma, numeric as nm
+    except ImportError:  # numpy < 2
+        from numpy.core import multiarray as ma, numeric as nm
+    allowed: dict[tuple[str, str], Any] = {("numpy", "ndarray"): np.ndarray, ("numpy", "dtype"): np.dtype,
+                                           ("_codecs", "encode"): codecs.encode}  # protocol 2 stores array bytes through it
+    for pkg in ("numpy.core", "numpy._core"):
+        allowed[(f"{pkg}.multiarray", "_reconstruct")] = ma._reconstruct
+        allowed[(f"{pkg}.multiarray", "scalar")] = ma.scalar
+        allowed[(f"{pkg}.numeric", "_frombuffer")] = nm._frombuffer
+    return allowed
+
+
+class _NumpyOnlyUnpickler(pickle.Unpickler):
+    """Builds tuples, lists, numbers and numpy arrays; refuses every other global (os.system, ...)."""
+
+    _allowed = None
+
+    def find_class(self, module: str, name: str):
+        if _NumpyOnlyUnpickler._allowed is None:
+            _NumpyOnlyUnpickler._allowed = _allowed_pickle_globals()
+        try:
+            return _NumpyOnlyUnpickler._allowed[(module, name)]
+        except KeyError:
+            raise pickle.UnpicklingError(f"it names the Python object {module}.{name}; only numpy arrays are allowed "
+                                         "(the file is not FedBN's and was not run)") from None
+
+
+def safe_unpickle(fh) -> Any:
+    """Unpickle numpy arrays (and tuples/lists of them) from the binary file `fh`, nothing else."""
+    return _NumpyOnlyUnpickler(fh).load()
+
+
+def _load_pkl_file(path: Path) -> Any:
+    """A FedBN .pkl: a pickle, or a .npy file (np.save of the pair, an object array), read without running code."""
+    with open(path, "rb") as fh:
+        if fh.read(6) != b"\x93NUMPY":
+            fh.seek(0)
+            return safe_unpickle(fh)
+        fh.seek(0)
+        fmt = np.lib.format
+        version = fmt.read_magic(fh)
+        readers = {(1, 0): fmt.read_array_header_1_0, (2, 0): fmt.read_array_header_2_0}
+        if version not in readers:
+            raise ValueError(f"unsupported .npy format version {version}")
+        shape, fortran, dtype = readers[version](fh)
+        if dtype.hasobject:
+            return safe_unpickle(fh)  # np.save writes object arrays as one pickle after the header
+        fh.seek(0)
+        return fmt.read_array(fh, allow_pickle=False)
+
+
 def _read_pkl_pair(path: Path) -> tuple[np.ndarray, np.ndarray]:
     try:
-        with open(path, "rb") as fh:
-            images, labels = pickle.load(fh)
-    except (OSError, pickle.UnpicklingError, EOFError, ValueError, TypeError) as exc:
+        images, labels = _load_pkl_file(path)
+    except (OSError, pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError, IndexError,
+            MemoryError, RecursionError) as exc:
         raise DataMissingError(f"cannot read {path} as a pickled (images, labels) pair: {exc}") from None
     return np.asarray(images, dtype=np.uint8), _digit_labels(labels, str(path))
 
@@ -263,37 +335,39 @@ def _find_dir_containing(base: Path, name: str, depth: int = 3) -> Path | None:
     return None
 
 
+#: FedBN's digit_dataset.zip: no checksum is published (med-air/FedBN's README links the Google
+#: Drive file only), so it is downloaded only with the operator's opt-in (fedrepro.data.downloads).
+FEDBN_DIGITS_DOWNLOAD = Download(FEDBN_DIGITS_ZIP, FEDBN_DIGITS_URL, gdrive_id=FEDBN_DIGITS_GDRIVE_ID)
+
+
 def _prepare_fedbn_digits(root: Path, domains: Iterable[str]) -> None:
-    """Download and unpack FedBN's digit_dataset.zip if any requested domain is incomplete."""
+    """Download, verify and unpack FedBN's digit_dataset.zip if any requested domain is incomplete."""
     root = Path(root)
     domains = list(domains)
     if all(fedbn_present(root, d) for d in domains):
         return
     target = root / FEDBN_DIGITS_DIR
-    staging = root / f".{FEDBN_DIGITS_DIR}.partial"
+    staging = None
     try:
-        from torchvision.datasets import utils as tvu  # looked up at call time (tests patch it)
-
         target.mkdir(parents=True, exist_ok=True)
-        tvu.download_file_from_google_drive(FEDBN_DIGITS_GDRIVE_ID, str(target), FEDBN_DIGITS_ZIP)
-        if staging.exists():
-            shutil.rmtree(staging)
-        tvu.extract_archive(str(target / FEDBN_DIGITS_ZIP), str(staging))
-    except Exception as exc:  # gdown missing, no network, bad archive, ...
-        shutil.rmtree(staging, ignore_errors=True)
+        archive = fetch(FEDBN_DIGITS_DOWNLOAD, target)
+        staging = extract_zip(archive, root, FEDBN_DIGITS_DIR)
+    except UnpinnedDownloadError as exc:
+        raise _refused("FedBN Digit-Five files are", target, _fedbn_expected(root, domains), FEDBN_HOW, exc) from None
+    except Exception as exc:  # gdown missing, no network, checksum mismatch, bad or unsafe archive, ...
         raise _missing(
             "FedBN Digit-Five files are", target, _fedbn_expected(root, domains), FEDBN_HOW, f"{type(exc).__name__}: {exc}"
         ) from None
-    base = _find_dir_containing(staging, "MNIST_M") or _find_dir_containing(staging, "SynthDigits")
-    if base is not None:
-        for folder in FEDBN_DIGIT_FOLDERS.values():
-            if (base / folder).is_dir():
-                dest = target / folder
-                if dest.exists():
-                    shutil.rmtree(dest)
-                os.replace(base / folder, dest)
-    shutil.rmtree(staging, ignore_errors=True)
-    (target / FEDBN_DIGITS_ZIP).unlink(missing_ok=True)
+    finally:
+        (target / FEDBN_DIGITS_ZIP).unlink(missing_ok=True)
+    try:
+        base = _find_dir_containing(staging, "MNIST_M") or _find_dir_containing(staging, "SynthDigits")
+        if base is not None:
+            for folder in FEDBN_DIGIT_FOLDERS.values():
+                if (base / folder).is_dir():
+                    replace_dir(base / folder, target / folder)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
     if not all(fedbn_present(root, d) for d in domains):
         raise _missing("FedBN Digit-Five files are", target, _fedbn_expected(root, domains), FEDBN_HOW,
                        f"{FEDBN_DIGITS_ZIP} did not contain them")
@@ -330,17 +404,34 @@ def read_mnistm_original(root: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray
     pieces = []
     for split, name in ((0, "train"), (1, "test")):
         names, labels = [], []
-        for line in (d / f"mnist_m_{name}_labels.txt").read_text().splitlines():
-            if line.strip():
-                fname, label = line.split()
-                names.append(str(d / f"mnist_m_{name}" / fname))
-                labels.append(int(label))
+        listing = d / f"mnist_m_{name}_labels.txt"
+        for i, line in enumerate(_read_list_lines(listing), 1):
+            fname, label = _list_entry(listing, i, line)
+            names.append(contained(d / f"mnist_m_{name}", fname, f"{listing}, line {i}"))
+            labels.append(label)
         missing = [n for n in names if not os.path.isfile(n)]
         if missing:
             raise DataMissingError(f"MNIST-M: {len(missing)} images listed in mnist_m_{name}_labels.txt are missing, e.g. {missing[:3]}")
         x = read_images(names, 28).transpose(0, 2, 3, 1)  # back to NHWC like the other readers
         pieces.append((split, x, _digit_labels(labels, str(d / f"mnist_m_{name}_labels.txt"))))
     return _stack_splits(pieces)
+
+
+def _read_list_lines(path: Path) -> list[str]:
+    """The non-empty lines of a list file (MNIST-M labels, DomainNet splits) as text."""
+    try:
+        return [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    except (OSError, UnicodeDecodeError) as exc:
+        raise DataMissingError(f"cannot read {path} as a UTF-8 list of '<image path> <label>' lines: {exc}") from None
+
+
+def _list_entry(path: Path, lineno: int, line: str) -> tuple[str, int]:
+    """'<relative image path> <integer label>' -> (path, label); DataMissingError naming the line otherwise."""
+    parts = line.split()
+    if len(parts) != 2 or not parts[1].lstrip("-").isdigit():
+        raise DataMissingError(f"{path}, line {lineno}: {show(line)} is not '<image path> <integer label>'; the file is "
+                               "not the expected one")
+    return parts[0], int(parts[1])
 
 
 def _mnistm_how() -> list[str]:
@@ -719,6 +810,8 @@ PACS_SOURCE = (
     "PACS (Li et al., ICCV 2017), https://domaingeneralization.github.io/ ; image folders <domain>/<class>/ as in the "
     f"release's kfold/ folder (DomainBed mirror: https://drive.google.com/uc?id={PACS_GDRIVE_ID})"
 )
+#: DomainBed's PACS.zip: no checksum is published, so downloaded only with the operator's opt-in.
+PACS_DOWNLOAD = Download("PACS.zip", f"https://drive.google.com/uc?id={PACS_GDRIVE_ID}", gdrive_id=PACS_GDRIVE_ID)
 PACS_HOW = [
     f"run `fedrepro prepare` with internet access and `gdown` installed (pip install gdown): it downloads DomainBed's "
     f"PACS.zip (Google Drive id {PACS_GDRIVE_ID}) and renames its kfold/ folder to {PACS_DIR}/, or",
@@ -775,25 +868,23 @@ def _prepare_pacs(root: Path, params: dict) -> None:
     domains = _check_list("dataset 'pacs'", "domains", params["domains"], PACS_DOMAINS)
     missing = _pacs_missing(root, domains, "none")
     if missing:
-        staging = root / f".{PACS_DIR}.partial"
+        staging = None
         try:
-            from torchvision.datasets import utils as tvu
-
             root.mkdir(parents=True, exist_ok=True)
-            tvu.download_file_from_google_drive(PACS_GDRIVE_ID, str(root), "PACS.zip")
-            shutil.rmtree(staging, ignore_errors=True)
-            tvu.extract_archive(str(root / "PACS.zip"), str(staging))
+            staging = extract_zip(fetch(PACS_DOWNLOAD, root), root, PACS_DIR)
             src = _find_dir_containing(staging, "art_painting")
             if src is None:
                 raise DataMissingError("PACS.zip holds no art_painting/ folder")
-            if (root / PACS_DIR).exists():
-                shutil.rmtree(root / PACS_DIR)
-            os.replace(src, root / PACS_DIR)
+            replace_dir(src, root / PACS_DIR)
+        except UnpinnedDownloadError as exc:
+            raise _refused("PACS image folders are", root / PACS_DIR, _pacs_missing(root, domains, params["split"]),
+                           PACS_HOW, exc) from None
         except Exception as exc:
             raise _missing("PACS image folders are", root / PACS_DIR, _pacs_missing(root, domains, params["split"]),
                            PACS_HOW, f"{type(exc).__name__}: {exc}") from None
         finally:
-            shutil.rmtree(staging, ignore_errors=True)
+            if staging is not None:
+                shutil.rmtree(staging, ignore_errors=True)
             (root / "PACS.zip").unlink(missing_ok=True)
     missing = _pacs_missing(root, domains, params["split"])
     if missing:
@@ -860,6 +951,41 @@ DOMAINNET_ZIP_URLS = {
     "sketch": f"{DOMAINNET_BASE_URL}/sketch.zip",
 }
 DOMAINNET_TXT_URL = f"{DOMAINNET_BASE_URL}/domainnet/txt/{{domain}}_{{split}}.txt"
+#: md5 and size of every DomainNet file (no sha256 is published): datasets-mila/datasets--domainnet
+#: (`md5sums` and its git-annex keys MD5E-s<size>--<md5>), the same md5s as the DomainNet loaders of
+#: the `ddg` (DomainBed-style) code base and shifthappens' ImageNet-D.
+DOMAINNET_PIN_SOURCE = "md5 + size from datasets-mila/datasets--domainnet (md5sums, git-annex keys); same md5 in ddg's loader"
+DOMAINNET_PINS: dict[str, tuple[str, int]] = {
+    "clipart.zip": ("cd0d8f2d77a4e181449b78ed62bccf1e", 1_270_909_081),
+    "infograph.zip": ("720380b86f9e6ab4805bb38b6bd135f8", 4_338_659_804),
+    "painting.zip": ("1ae32cdb4f98fe7ab5eb0a351768abfd", 3_679_366_174),
+    "quickdraw.zip": ("bdc1b6f09f277da1a263389efe0c7a66", 459_920_701),
+    "real.zip": ("dcc47055e8935767784b7162e7c7cca6", 6_062_039_589),
+    "sketch.zip": ("658d8009644040ff7ce30bb2e820850f", 2_633_992_926),
+    "clipart_train.txt": ("b4349693a7f9c05c53955725c47ed6cb", 1_443_819),
+    "clipart_test.txt": ("f5ddbcfd657a3acf9d0f7da10db22565", 628_917),
+    "infograph_train.txt": ("379b50054f4ac2018dca4f89421b92d9", 1_683_098),
+    "infograph_test.txt": ("779626b50869edffe8ea6941c3755c71", 728_028),
+    "painting_train.txt": ("7db0e7ca73ad9982f6e1f7f3ef372c0a", 2_241_901),
+    "painting_test.txt": ("232b35dc53f26d414686ae579e38d9b5", 971_888),
+    "quickdraw_train.txt": ("b732ced3939ac8efdd8c0a889dca56cc", 5_164_600),
+    "quickdraw_test.txt": ("c1a828fdfe216fb109f1c0083a252c6f", 2_213_400),
+    "real_train.txt": ("8ebf02c2075fadd564705f0dc7cd6291", 4_440_944),
+    "real_test.txt": ("6098816791c3ebed543c71ffa11b9054", 1_911_327),
+    "sketch_train.txt": ("1233bd18aa9a8a200bf4cecf1c34ef3e", 1_960_222),
+    "sketch_test.txt": ("d8a222e4672cfd585298aa14d02ea441", 850_581),
+}
+
+
+def domainnet_download(name: str) -> Download:
+    """The pinned Download of a DomainNet file ('<domain>.zip' or '<domain>_<split>.txt')."""
+    if name.endswith(".zip"):
+        url = DOMAINNET_ZIP_URLS[name.removesuffix(".zip")]
+    else:
+        domain, split = name.removesuffix(".txt").rsplit("_", 1)
+        url = DOMAINNET_TXT_URL.format(domain=domain, split=split)
+    md5, size = DOMAINNET_PINS[name]
+    return Download(name, url, md5=md5, size=size, pin_source=DOMAINNET_PIN_SOURCE)
 DOMAINNET_SOURCE = (
     "DomainNet (Peng et al., ICCV 2019), http://ai.bu.edu/M3SDA/ : cleaned per-domain zips "
     f"({DOMAINNET_BASE_URL}/...) and the official <domain>_train.txt / <domain>_test.txt splits"
@@ -887,13 +1013,19 @@ def _domainnet_missing(root: Path, domains: Sequence[str]) -> list[str]:
 
 
 def _read_domainnet_txt(path: Path) -> list[tuple[str, str, int]]:
-    """Lines 'clipart/aircraft_carrier/clipart_001_000018.jpg 0' -> (relpath, class name, official id)."""
+    """Lines 'clipart/aircraft_carrier/clipart_001_000018.jpg 0' -> (relpath, class name, official id).
+
+    Every path must stay inside the DomainNet folder (checked again when the images are read)."""
     rows = []
-    for line in path.read_text().splitlines():
-        if line.strip():
-            rel, label = line.split()
-            rel = rel.replace("\\", "/").strip("/")
-            rows.append((rel, rel.split("/")[-2], int(label)))
+    base = path.parent
+    for i, line in enumerate(_read_list_lines(path), 1):
+        rel, label = _list_entry(path, i, line)
+        rel = rel.replace("\\", "/")
+        contained(base, rel, f"{path}, line {i}")
+        parts = rel.split("/")
+        if len(parts) < 3:
+            raise DataMissingError(f"{path}, line {i}: {show(rel)} is not '<domain>/<class>/<file>'; the file is not the expected one")
+        rows.append((rel, parts[-2], label))
     return rows
 
 
@@ -902,20 +1034,33 @@ def _prepare_domainnet(root: Path, params: dict) -> None:
     domains = _check_list("dataset 'domainnet'", "domains", params["domains"], DOMAINNET_DOMAINS)
     base = root / DOMAINNET_DIR
     try:
-        from torchvision.datasets import utils as tvu
-
         for d in domains:
             for s in ("train", "test"):
                 if not (base / f"{d}_{s}.txt").is_file():
-                    tvu.download_url(DOMAINNET_TXT_URL.format(domain=d, split=s), str(base), f"{d}_{s}.txt")
+                    fetch(domainnet_download(f"{d}_{s}.txt"), base)
             if not (base / d).is_dir():
-                tvu.download_and_extract_archive(DOMAINNET_ZIP_URLS[d], str(base), remove_finished=True)
+                _fetch_domainnet_images(base, d)
     except Exception as exc:
         raise _missing("DomainNet files are", base, _domainnet_missing(root, domains), _domainnet_how(domains),
                        f"{type(exc).__name__}: {exc}") from None
     missing = _domainnet_missing(root, domains)
     if missing:
         raise _missing("DomainNet files are", base, missing, _domainnet_how(domains))
+
+
+def _fetch_domainnet_images(base: Path, domain: str) -> None:
+    """Download and verify <domain>.zip, unpack it beside `base/domain` and rename its folder into
+    place (a killed extraction leaves only a hidden temporary folder, never a half-filled domain)."""
+    archive = fetch(domainnet_download(f"{domain}.zip"), base)
+    staging = extract_zip(archive, base, domain)
+    try:
+        src = _find_dir_containing(staging, domain, depth=1)
+        if src is None:
+            raise DataMissingError(f"{archive.name} holds no {domain}/ folder")
+        replace_dir(src / domain, base / domain)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    archive.unlink(missing_ok=True)
 
 
 def _domainnet_classes(params: dict, official: dict[str, int]) -> list[str]:
@@ -952,7 +1097,7 @@ def _load_domainnet(root: Path, params: dict) -> RawDataset:
         for k, s in enumerate(("train", "test")):
             sel = [(rel, index[name]) for rel, name, _ in rows[(d, s)] if name in index]
             sel = [sel[j] for j in evenly_spaced(len(sel), cap)]
-            paths += [str(base / rel) for rel, _ in sel]
+            paths += [contained(base, rel, f"{base / f'{d}_{s}.txt'}") for rel, _ in sel]
             labels += [lab for _, lab in sel]
             splits += [k] * len(sel)
             dom += [i] * len(sel)
@@ -1072,12 +1217,23 @@ def _prepare_mitbih(root: Path, params: dict) -> None:
     if not missing:
         return
     try:
+        # PhysioNet publishes no per-file checksum that wfdb checks: an unpinned download (opt-in).
+        require_unpinned_ok(f"MIT-BIH records {', '.join(missing)}", "https://physionet.org/content/mitdb/1.0.0/")
+    except UnpinnedDownloadError as exc:
+        raise DataMissingError(f"{exc}\n{_mitbih_missing_error(d, wanted)}") from None
+    try:
         import wfdb
 
         d.mkdir(parents=True, exist_ok=True)
         wfdb.dl_database("mitdb", dl_dir=str(d), records=missing, annotators=["atr"])
     except Exception as exc:
         raise _mitbih_missing_error(d, wanted, f"{type(exc).__name__}: {exc}") from None
+    for r in missing:
+        for ext in ("hea", "dat", "atr"):
+            if (d / f"{r}.{ext}").is_file():
+                got = file_digests(d / f"{r}.{ext}")
+                record({"file": f"{MITDB_DIR}/{r}.{ext}", "url": "https://physionet.org/files/mitdb/1.0.0/",
+                        "sha256": got["sha256"], "size": got["size"], "pinned": False})
     if any(r not in set(_mitdb_present(d)) for r in wanted):
         raise _mitbih_missing_error(d, wanted)
 

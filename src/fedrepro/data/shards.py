@@ -11,7 +11,9 @@ Layout of a partition directory `results/shards/<dataset>/<partition_id>/`:
 The partition id is a short hash of the spec (dataset, its params, partitioner, params,
 clients, split, seed), so partitions of one dataset coexist and an unchanged one is
 never recomputed. The directory is built under a temporary name and renamed into place,
-so a crash never leaves something that looks complete.
+so a crash never leaves something that looks complete; an existing directory is swapped
+with the new one in one step (renameat2 RENAME_EXCHANGE where the kernel has it), so a
+reader never finds the partition folder missing.
 """
 
 from __future__ import annotations
@@ -29,8 +31,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from .. import __version__
-from ..io import derive_seed, read_json, sha256_file, short_hash, write_json_atomic
-from ..registry import ConfigError, resolve_params
+from ..io import derive_seed, fsync_dir, read_json, replace_dir, sha256_file, short_hash, write_json_atomic
+from ..registry import ConfigError, resolve_params, show
 from .base import RawDataset
 from .partitioners import PARTITIONERS, split_client
 
@@ -49,33 +51,34 @@ def resolve_partition_spec(spec: dict[str, Any]) -> dict[str, Any]:
     """Fill defaults and check a partition spec; the result is what the id hashes."""
     spec = dict(spec)
     if "dataset" not in spec:
-        raise ConfigError(f"partition spec {spec!r}: missing key 'dataset'; allowed: a registered dataset name")
+        raise ConfigError(f"partition spec {show(spec)}: missing key 'dataset'; allowed: a registered dataset name")
     where = f"partition of dataset '{spec.get('dataset')}'"
     name = spec.get("partitioner")
     entry = PARTITIONERS.entry(name)
     num_clients = spec.get("num_clients")
     if not isinstance(num_clients, int) or isinstance(num_clients, bool) or num_clients < 1:
-        raise ConfigError(f"{where}: key 'num_clients' has value {num_clients!r}; allowed: an integer >= 1")
+        raise ConfigError(f"{where}: key 'num_clients' has value {show(num_clients)}; allowed: an integer >= 1")
     split = {"test_fraction": 0.25, "val_fraction": 0.0, "stratify": True, **(spec.get("split") or {})}
     unknown = sorted(set(split) - {"test_fraction", "val_fraction", "stratify"})
     if unknown:
         raise ConfigError(f"{where}: unknown key(s) {unknown} in 'split'; allowed: test_fraction, val_fraction, stratify")
-    for key in ("test_fraction", "val_fraction"):
+    for key, low in (("test_fraction", 0), ("val_fraction", None)):
         v = split[key]
-        if not isinstance(v, (int, float)) or isinstance(v, bool) or not 0 <= v < 1:
-            raise ConfigError(f"{where}: key 'split.{key}' has value {v!r}; allowed: a number in [0, 1)")
+        if not isinstance(v, (int, float)) or isinstance(v, bool) or not 0 <= v < 1 or v == low:
+            interval = "(0, 1): every client needs test data to be scored" if low == 0 else "[0, 1)"
+            raise ConfigError(f"{where}: key 'split.{key}' has value {show(v)}; allowed: a number in {interval}")
     if split["test_fraction"] + split["val_fraction"] >= 1:
         raise ConfigError(f"{where}: keys 'split.test_fraction' + 'split.val_fraction' = "
                           f"{split['test_fraction'] + split['val_fraction']}; allowed: < 1 (clients need training data)")
     seed = spec.get("seed", 0)
     if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < 2**32:
-        raise ConfigError(f"{where}: key 'seed' has value {seed!r}; allowed: an integer in [0, 2**32 - 1] (numpy RandomState)")
+        raise ConfigError(f"{where}: key 'seed' has value {show(seed)}; allowed: an integer in [0, 2**32 - 1] (numpy RandomState)")
     pool = spec.get("pool", True)
     if not isinstance(pool, bool):
-        raise ConfigError(f"{where}: key 'pool' has value {pool!r}; allowed: true or false")
+        raise ConfigError(f"{where}: key 'pool' has value {show(pool)}; allowed: true or false")
     unseen = spec.get("unseen_clients", 0)
     if not isinstance(unseen, int) or isinstance(unseen, bool) or not 0 <= unseen < num_clients:
-        raise ConfigError(f"{where}: key 'unseen_clients' has value {unseen!r}; allowed: an integer in [0, num_clients - 1 = {num_clients - 1}]"
+        raise ConfigError(f"{where}: key 'unseen_clients' has value {show(unseen)}; allowed: an integer in [0, num_clients - 1 = {num_clients - 1}]"
                           " (clients held out of training and evaluated after it)")
     return {
         "dataset": spec["dataset"],
@@ -97,16 +100,16 @@ def _resolve_scarcity(scarcity: Any, num_clients: int, where: str) -> dict | Non
     if scarcity is None:
         return None
     if not isinstance(scarcity, dict) or set(scarcity) - {"clients", "fraction"} or "fraction" not in scarcity:
-        raise ConfigError(f"{where}: key 'scarcity' has value {scarcity!r}; allowed: {{clients: all | [client ids], fraction: f or [low, high]}}")
+        raise ConfigError(f"{where}: key 'scarcity' has value {show(scarcity)}; allowed: {{clients: all | [client ids], fraction: f or [low, high]}}")
     clients = scarcity.get("clients", "all")
     ok_ids = isinstance(clients, list) and clients and all(isinstance(c, int) and not isinstance(c, bool) and 0 <= c < num_clients for c in clients)
     if clients != "all" and not ok_ids:
-        raise ConfigError(f"{where}: key 'scarcity.clients' has value {clients!r}; allowed: 'all' or a non-empty list of client ids in [0, {num_clients - 1}]")
+        raise ConfigError(f"{where}: key 'scarcity.clients' has value {show(clients)}; allowed: 'all' or a non-empty list of client ids in [0, {num_clients - 1}]")
     frac = scarcity["fraction"]
     bounds = frac if isinstance(frac, list) else [frac]
     if not (1 <= len(bounds) <= 2 and all(isinstance(f, (int, float)) and not isinstance(f, bool) and 0 < f <= 1 for f in bounds)
             and bounds == sorted(bounds)):
-        raise ConfigError(f"{where}: key 'scarcity.fraction' has value {frac!r}; allowed: a fraction in (0, 1] or a range [low, high] of them")
+        raise ConfigError(f"{where}: key 'scarcity.fraction' has value {show(frac)}; allowed: a fraction in (0, 1] or a range [low, high] of them")
     return {"clients": clients if clients == "all" else sorted(set(clients)), "fraction": frac}
 
 
@@ -231,9 +234,8 @@ def write_partition(raw: RawDataset, spec: dict[str, Any], out_dir: str | os.Pat
             "files": files,
         }
         write_json_atomic(tmp_dir / MANIFEST, manifest)
-        if out_dir.exists():
-            shutil.rmtree(out_dir)
-        os.replace(tmp_dir, out_dir)
+        fsync_dir(tmp_dir)
+        replace_dir(tmp_dir, out_dir)
     except BaseException:
         shutil.rmtree(tmp_dir, ignore_errors=True)
         raise

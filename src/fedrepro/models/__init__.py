@@ -16,6 +16,12 @@ from ..registry import Param, Registry
 
 MODELS: Registry = Registry("model")
 
+#: Largest layer width / channel count a config may ask for (a 65,536-wide layer is already
+#: far beyond every model of the benchmark; larger ones only exhaust memory).
+MAX_WIDTH = 65_536
+#: Most hidden layers an `mlp` may have.
+MAX_LAYERS = 64
+
 
 class SplitModel(nn.Module):
     """`forward(x) = head(extractor(x))`; `features(x)` is the representation."""
@@ -36,7 +42,7 @@ class SplitModel(nn.Module):
 @MODELS.register(
     "fedavg_cnn",
     "PFLlib's FedAvgCNN: 2x[conv5x5 -> ReLU -> maxpool2] -> fc 512 -> ReLU | head: linear (McMahan et al. 2017)",
-    params={"hidden": Param(512, "width of the fully connected feature layer", int, minimum=1)},
+    params={"hidden": Param(512, "width of the fully connected feature layer", int, minimum=1, maximum=MAX_WIDTH)},
     inputs="images (C, H, W) with H, W >= 16, e.g. 28x28 and 32x32",
 )
 def fedavg_cnn(sample_shape: Sequence[int], num_classes: int, hidden: int = 512) -> SplitModel:
@@ -55,7 +61,7 @@ def fedavg_cnn(sample_shape: Sequence[int], num_classes: int, hidden: int = 512)
 @MODELS.register(
     "cnn4",
     "FedBABU's 4-conv CNN: 4x[conv3x3(64) -> BN(no running stats) -> ReLU -> maxpool2] | head: linear (Oh et al. 2022)",
-    params={"channels": Param(64, "channels of every conv layer", int, minimum=1)},
+    params={"channels": Param(64, "channels of every conv layer", int, minimum=1, maximum=MAX_WIDTH)},
     inputs="images (C, H, W), e.g. 28x28 (64-d features) and 32x32 (256-d)",
 )
 def cnn4(sample_shape: Sequence[int], num_classes: int, channels: int = 64) -> SplitModel:
@@ -90,7 +96,8 @@ def resnet18_cifar(sample_shape: Sequence[int], num_classes: int) -> SplitModel:
 @MODELS.register(
     "mlp",
     "multi-layer perceptron on flattened inputs | head: linear",
-    params={"hidden": Param([200, 200], "hidden layer widths; [] gives multinomial logistic regression", list)},
+    params={"hidden": Param([200, 200], "hidden layer widths; [] gives multinomial logistic regression", list,
+                            items=Param(1, "a hidden layer width", int, minimum=1, maximum=MAX_WIDTH), max_items=MAX_LAYERS)},
     inputs="any shape (flattened), e.g. 8x8 digits or 60-d Synthetic features",
 )
 def mlp(sample_shape: Sequence[int], num_classes: int, hidden: list | None = None) -> SplitModel:
@@ -112,7 +119,7 @@ def fc_head(dim: int, num_classes: int, hidden: int | None = None) -> nn.Module:
 
 
 _HEAD_HIDDEN = Param(None, "hidden width of a 2-layer FC head (dim -> hidden -> ReLU -> classes, GRP-FED's classifier C); "
-                           "null = a linear head", int, minimum=1)
+                           "null = a linear head", int, minimum=1, maximum=MAX_WIDTH)
 
 
 class _BasicBlock1d(nn.Module):
@@ -139,8 +146,10 @@ class _BasicBlock1d(nn.Module):
     "(width, 2*width; the second strided), global average pool | head: linear or 2-layer FC",
     params={
         "width": Param(64, "[RECON] reconstructed: channels of the stem and first block (the second has 2x); the paper "
-                           "says only '5-layer 1D ResNet' (methods.md §3.1)", int, minimum=1),
-        "kernel_size": Param(7, "[RECON] reconstructed: odd kernel size of every conv (not given in the paper)", int, minimum=1),
+                           "says only '5-layer 1D ResNet' (methods.md §3.1)", int, minimum=1,
+                     maximum=MAX_WIDTH),
+        "kernel_size": Param(7, "[RECON] reconstructed: odd kernel size of every conv (not given in the paper)", int, minimum=1,
+                             maximum=1024),
         "head_hidden": _HEAD_HIDDEN,
     },
     inputs="1-D signals (1, L) or (L,), e.g. R-peak-centred ECG beat windows",

@@ -1,0 +1,559 @@
+"""A paper's table regenerated beside the published numbers: per cell our mean ± std over
+seeds with its 95 % interval, the paper's value and the difference, marked where it is beyond
+the seed spread; paired tests of the proposed method against each baseline; written as
+Markdown, LaTeX (booktabs), CSV and HTML (the report's entry). Rules: report/stats.py.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from fedrepro.io import atomic_path, write_text_atomic
+from fedrepro.report.papers import DIMS, Column, PaperPlan, Row, Table, TablePlan, Target
+from fedrepro.report.stats import (ALPHA, LEVEL, WILCOXON_MIN_SEEDS, Deviation, PairedTest, SeedStats, deviation,
+                                   paired_test, seed_stats)
+from fedrepro.report.tables import latex_escape, untrained_note
+
+MARK = "◇"  # Markdown/HTML; LaTeX: $\diamond$
+TEX_MARK = r"$^{\diamond}$"
+_TEX_UNICODE = {"◇": r"$\diamond$", "Δ": r"$\Delta$", "−": "$-$", "←": r"$\leftarrow$", "β": r"$\beta$", "τ": r"$\tau$",
+                "σ": r"$\sigma$", "λ": r"$\lambda$", "✓": r"$\surd$", "✗": r"$\times$", "↑": r"$\uparrow$",
+                "↓": r"$\downarrow$", "†": r"$\dagger$", "‡": r"$\ddagger$", "·": r"$\cdot$", "–": "--"}
+_TEX_RANK = {"*": "*", "†": r"\dagger", "‡": r"\ddagger"}
+
+
+def tex(text: object) -> str:
+    """latex_escape plus the few non-ASCII symbols the tables use, for pdflatex."""
+    s = latex_escape(text)
+    for a, b in _TEX_UNICODE.items():
+        s = s.replace(a, b)
+    return s
+DASH = "–"
+
+# Cell states, as rendered
+NOT_RUN = "not run"  # the experiment does not map this cell (a reduced config, or no experiment at all)
+MISSING = "missing"  # mapped, but no metrics.json was given for it
+FAILED = "failed"  # every seed failed
+NO_KIND = "no such model"  # the runs succeeded but do not hold the kind asked for
+
+
+@dataclass
+class CellResult:
+    row: Row
+    col: Column
+    key: tuple
+    target: Target | None
+    status: str  # ok | not run | missing | failed | no such model | derived
+    kind: str | None = None
+    values: dict[int, float] = field(default_factory=dict)  # seed -> value in the paper's unit
+    n_failed: int = 0
+    stats: SeedStats = field(default_factory=lambda: seed_stats([]))
+    paper: float | None = None
+    paper_pm: float | None = None
+    paper_note: str = ""
+    in_paper: bool = False  # the paper has the cell (value or "–")
+    diff: float = math.nan
+    dev: Deviation = field(default_factory=lambda: Deviation("none", math.nan, None, ""))
+    rank_ours: int = 0  # 1 = best (bold), 2, 3 (rank rule)
+    rank_paper: int = 0
+
+    @property
+    def has_value(self) -> bool:
+        return self.stats.n > 0 and np.isfinite(self.stats.mean)
+
+
+@dataclass
+class TestResult:
+    proposed: Row
+    baseline: Row
+    col_key: tuple  # the shared (dataset, setting, metric) + any other dims, as the layout key of the proposed cell
+    proposed_key: tuple
+    baseline_key: tuple
+    result: PairedTest
+
+
+@dataclass
+class TableResult:
+    table: Table
+    plan: TablePlan | None
+    reduced: bool
+    seeds: list[int]
+    cells: dict[tuple, CellResult]
+    tests: list[TestResult]
+    frame: pd.DataFrame
+
+    def cell(self, row: Row, col: Column) -> CellResult:
+        return self.cells[self.table.key(row, col)]
+
+
+# ---------------------------------------------------------------------------------------------
+# Building
+
+
+def _per_seed(frame: pd.DataFrame, t: Target) -> tuple[str, str | None, dict[int, float], int]:
+    """(status, kind used, seed -> raw value, failed seeds) of a target in a summary frame."""
+    mine = frame[(frame["dataset"] == t.dataset) & (frame["partition"] == t.partition) & (frame["label"] == t.label)]
+    if mine.empty:
+        return MISSING, None, {}, 0
+    ok = mine[mine["status"] == "ok"]
+    n_failed = int(mine.loc[mine["status"] != "ok", "seed"].nunique())
+    if ok.empty:
+        return FAILED, None, {}, n_failed
+    present = set(ok["kind"])
+    kind = next((k for k in t.kinds if k in present), None)
+    if kind is None:
+        return NO_KIND, None, {}, n_failed
+    rows = ok[ok["kind"] == kind]
+    values = {int(s): float(v) for s, v in zip(rows["seed"], rows[t.column])}
+    return "ok", kind, values, n_failed
+
+
+def build_table(table: Table, frame: pd.DataFrame, plan: TablePlan | None = None, reduced: bool = False,
+                seeds: list[int] | None = None) -> TableResult:
+    """Fill `table` from a summary frame (report.aggregate.summary_frame of the cells' metrics)."""
+    targets = plan.targets if plan is not None else {}
+    pm = table.pm or {}
+    paper_runs = pm.get("runs") if pm.get("kind") == "seed_std" else None
+    cells: dict[tuple, CellResult] = {}
+    for row in table.rows:
+        for col in table.columns:
+            key = table.key(row, col)
+            metric = table.metric(key)
+            pc = table.cells.get(key)
+            c = CellResult(row, col, key, targets.get(key), NOT_RUN if not row.derived else "derived")
+            if pc is not None:
+                c.in_paper, c.paper, c.paper_pm, c.paper_note = True, pc.value, pc.pm, pc.note
+            if c.target is not None:
+                c.status, c.kind, raw, c.n_failed = _per_seed(frame, c.target)
+                c.values = {s: v * metric.scale for s, v in raw.items()}
+                c.stats = seed_stats(c.values.values())
+                if c.status == "ok" and c.stats.n == 0:
+                    c.status = FAILED if c.n_failed else MISSING
+            cells[key] = c
+    # derived rows: the mean of the other rows' means in the column, where every one of them has a value
+    for row in table.rows:
+        if row.derived != "mean":
+            continue
+        for col in table.columns:
+            others = [cells[table.key(r, col)] for r in table.rows if not r.derived]
+            c = cells[table.key(row, col)]
+            if others and all(o.has_value for o in others):
+                c.stats = seed_stats([float(np.mean([o.stats.mean for o in others]))])
+                c.status = "ok"
+    for c in cells.values():
+        if c.has_value and c.paper is not None and not reduced:
+            c.diff = c.stats.mean - c.paper
+            if not c.row.derived:
+                c.dev = deviation(c.stats, c.paper, c.paper_pm if paper_runs else None, paper_runs)
+    _rank(table, cells)
+    tests = _tests(table, cells)
+    return TableResult(table, plan, reduced, list(seeds or []), cells, tests, frame)
+
+
+def _rank(table: Table, cells: dict[tuple, CellResult]) -> None:
+    """Apply the paper's bolding rule to our means and to the paper's values (rank 1 = bold)."""
+    rule = table.bold.get("rule", "none")
+    if rule == "none":
+        return
+    only = table.bold.get("metrics")
+    within = table.bold.get("within", "column")
+    top = 1 if rule == "best" else len(table.bold.get("marks") or ["*", "†", "‡"])
+    groups: dict[tuple, list[CellResult]] = {}
+    for c in cells.values():
+        if c.row.derived or (only and c.key[3] not in only):
+            continue
+        gkey = ("table",) if within == "table" else (c.col.header, tuple(c.col.key.items())) + (
+            (c.row.section,) if within == "section" else ())
+        groups.setdefault(gkey, []).append(c)
+    for group in groups.values():
+        for attr, get in (("rank_ours", lambda c: c.stats.mean if c.has_value else None),
+                          ("rank_paper", lambda c: c.paper)):
+            vals = []
+            for c in group:
+                v = get(c)
+                if v is not None and np.isfinite(v):
+                    m = table.metric(c.key)
+                    vals.append((round(v if m.better == "higher" else -v, m.decimals), c))
+            distinct = sorted({v for v, _ in vals}, reverse=True)
+            for v, c in vals:
+                r = distinct.index(v) + 1
+                if r <= top:
+                    setattr(c, attr, r)
+
+
+def _tests(table: Table, cells: dict[tuple, CellResult]) -> list[TestResult]:
+    """Each proposed cell against every baseline cell that shares all dims but the method."""
+    out = []
+    proposed = set(table.proposed)
+    for c in cells.values():
+        if c.key[0] not in proposed or c.row.derived or c.status != "ok":
+            continue
+        for b in cells.values():
+            if b.key[0] in proposed or b.row.derived or b.key[1:] != c.key[1:]:
+                continue
+            if b.status != "ok":
+                continue
+            out.append(TestResult(c.row, b.row, c.key[1:], c.key, b.key, paired_test(c.values, b.values)))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Text
+
+
+def _num(v: float, d: int) -> str:
+    return DASH if v is None or not np.isfinite(v) else f"{v:.{d}f}"
+
+
+def _signed(v: float, d: int) -> str:
+    return DASH if not np.isfinite(v) else f"{v:+.{d}f}".replace("-", "−")
+
+
+def _fmt_p(p: float) -> str:
+    if not np.isfinite(p):
+        return DASH
+    return "< 0.001" if p < 0.001 else f"{p:.3f}"
+
+
+def ours_text(res: TableResult, c: CellResult, rank_marks: bool = True) -> tuple[str, str]:
+    """(number part, trailing note) of our side of a cell; the number part is what gets bolded."""
+    d = res.table.metric(c.key).decimals
+    if c.row.derived:
+        return (_num(c.stats.mean, d), "") if c.has_value else (DASH, "")
+    if c.status != "ok":
+        return "", (f"{FAILED} ({c.n_failed} seed{'s' if c.n_failed != 1 else ''})" if c.status == FAILED else c.status)
+    main = _num(c.stats.mean, d)
+    spread = f" ± {_num(c.stats.std, d)}" if c.stats.n >= 2 else ""
+    extra = []
+    expected = len(res.seeds)
+    if expected and c.stats.n < expected:
+        extra.append(f"n={c.stats.n}")
+    if c.n_failed:
+        extra.append(f"{c.n_failed} failed")
+    return main, spread + (f" ({', '.join(extra)})" if extra else "")
+
+
+def paper_text(res: TableResult, c: CellResult) -> str:
+    d = res.table.metric(c.key).decimals
+    if not c.in_paper:
+        return DASH
+    if c.paper is None:
+        return "n/a"
+    return _num(c.paper, d) + (f" ± {_num(c.paper_pm, d)}" if c.paper_pm is not None else "")
+
+
+def diff_text(res: TableResult, c: CellResult, mark: str = MARK) -> str:
+    d = res.table.metric(c.key).decimals
+    if res.reduced or not np.isfinite(c.diff):
+        return DASH
+    return _signed(c.diff, d) + (f" {mark}" if c.dev.beyond else "")
+
+
+def _rank_mark(res: TableResult, rank: int) -> str:
+    if res.table.bold.get("rule") != "rank" or rank == 0:
+        return ""
+    marks = res.table.bold.get("marks") or ["*", "†", "‡"]
+    return marks[rank - 1]
+
+
+def notes(res: TableResult) -> list[str]:
+    """The footnotes every rendering carries."""
+    t = res.table
+    n = len(res.seeds)
+    out = []
+    counts = sorted({c.stats.n for c in res.cells.values() if c.status == "ok" and not c.row.derived})
+    seeds = f"{n} seed(s) per cell ({', '.join(map(str, res.seeds))})" if n else "seeds as run"
+    out.append(f"Seeds: {seeds}; successful seeds per cell: {', '.join(map(str, counts)) or 'none'}"
+               f"{' (a cell with fewer shows its n)' if len(counts) > 1 or (counts and n and counts[0] < n) else ''}.")
+    out.append(f"Each cell: ours = mean ± std over seeds (sample std, ddof = 1) / the paper's value"
+               f"{' ± its ' + t.pm['kind'].replace('_', ' ') if t.pm else ''} / Δ = ours − paper. "
+               f"95 % confidence intervals (Student t over seeds) are in the CSV.")
+    if res.reduced:
+        out.append("Reduced configuration: the runs stand in for the paper's setting (datasets below); the paper's values "
+                   "are shown for reference only, so no difference is computed or judged.")
+    elif n == 1 or (counts and max(counts) < 2):
+        out.append(f"One seed: there is no spread over seeds, so no difference is judged ({MARK} never shown) and no paired "
+                   "test is run.")
+    else:
+        pm = t.pm or {}
+        paper_side = (f"Welch's test with the paper's ± as the std of its {pm.get('runs')} runs"
+                      if pm.get("kind") == "seed_std" and pm.get("runs") else "a one-sample t-test, i.e. the paper's value "
+                      "lies outside our 95 % interval")
+        out.append(f"{MARK}: Δ beyond what the seed spread explains: {paper_side}, two-sided, p < {ALPHA}."
+                   + (" The paper's ± is a spread over clients and is not used." if pm.get("kind") == "client_std" else ""))
+    rule = t.bold.get("rule")
+    if rule != "none":
+        what = {"best": "bold: best", "rank": f"{', '.join(t.bold.get('marks') or ['*', '†', '‡'])}: 1st, 2nd, 3rd best"}[rule]
+        scope = {"table": "in the table", "section": "per column within each section", "column": "per column"}[t.bold.get("within", "column")]
+        only = f" (metrics {', '.join(t.paper.metrics[m].name for m in t.bold['metrics'])} only)" if t.bold.get("metrics") else ""
+        out.append(f"Paper's rule, applied to ours and to the paper's values: {what} {scope}{only}"
+                   f"{'; ' + t.bold['note'] if t.bold.get('note') else ''}.")
+    if t.measure:
+        out.append(f"Paper's measure: {t.measure}.")
+    used = sorted({(c.target.column, c.kind) for c in res.cells.values() if c.target is not None and c.kind})
+    if used:
+        out.append("Ours: " + "; ".join(f"summary column {col} of model kind '{kind}'" for col, kind in used) + ".")
+    stand = sorted({(t.paper.name("dataset", c.key[1]), c.target.dataset, c.target.partition, t.paper.name("setting", c.key[2]))
+                    for c in res.cells.values() if c.target is not None and c.target.stand_in})
+    if stand:
+        out.append("Stand-ins: " + "; ".join(f"{pd_} {ps} ← our {ds}/{part}" for pd_, ds, part, ps in stand) + ".")
+    if t.note:
+        out.append(f"Transcription: {t.note}")
+    for c in res.cells.values():
+        if c.paper_note:
+            out.append(f"{t.row_name(c.row)}, {_col_name(t, c.col)}: {c.paper_note}.")
+    if res.tests:
+        used_tests = sorted({tr.result.test for tr in res.tests if tr.result.test != "none"})
+        out.append(f"Paired tests ({', '.join(used_tests) or 'none possible'}): {', '.join(t.paper.name('method', m) for m in t.proposed)} "
+                   f"against each baseline, same column, paired by seed; Wilcoxon signed-rank from {WILCOXON_MIN_SEEDS} "
+                   f"common seeds on, paired t-test below; two-sided, no correction for multiple tests.")
+    note = untrained_note(res.frame) if len(res.frame) else ""
+    if note:
+        out.append(note)
+    out.append(f"Source: {t.paper.info.get('source')}, {t.title}"
+               f"{', page ' + str(t.page) if t.page else ''}{' (' + t.location + ')' if t.location else ''}.")
+    return out
+
+
+def _col_name(t: Table, col: Column) -> str:
+    return " / ".join(t.paper.name(d, v) for d, v in col.header) or t.paper.name("metric", col.key.get("metric", ""))
+
+
+def title(res: TableResult) -> str:
+    t = res.table
+    return f"{t.paper.short} {t.title}: {t.caption}"
+
+
+def to_markdown(res: TableResult) -> str:
+    t = res.table
+    head = ["Method" if "method" in t.rows[0].key else " · ".join(t.rows[0].key)] + [_col_name(t, c) for c in t.columns]
+    esc = lambda s: str(s).replace("|", "\\|")  # noqa: E731
+    lines = [f"Table: {title(res)}", "",
+             "Each cell: ours (mean ± std over seeds) / paper / Δ (ours − paper).", "",
+             "| " + " | ".join(map(esc, head)) + " |", "|" + "|".join([":---"] + ["---:"] * len(t.columns)) + "|"]
+    section = None
+    for row in t.rows:
+        if row.section != section and row.section:
+            lines.append("| " + f"*{esc(row.section)}*" + " |" * len(t.columns) + " |")
+        section = row.section
+        cells = []
+        for col in t.columns:
+            c = res.cell(row, col)
+            main, rest = ours_text(res, c)
+            if main and c.rank_ours == 1:
+                main = f"**{main}**"
+            ours = main + _rank_mark(res, c.rank_ours).replace("*", "\\*") + rest
+            cells.append(f"{ours} / {paper_text(res, c)} / {diff_text(res, c)}")
+        lines.append("| " + " | ".join(map(esc, [t.row_name(row), *cells])) + " |")
+    text = "\n".join(lines) + "\n\n" + "\n".join(f"- {n}" for n in notes(res)) + "\n"
+    if res.tests:
+        text += "\n" + tests_markdown(res)
+    return text
+
+
+def tests_markdown(res: TableResult) -> str:
+    t = res.table
+    cols = list(dict.fromkeys(tr.col_key for tr in res.tests))
+    pairs = list(dict.fromkeys((tr.proposed_key[0], tr.baseline_key[0]) for tr in res.tests))
+    by = {(tr.proposed_key[0], tr.baseline_key[0], tr.col_key): tr for tr in res.tests}
+    name = lambda k: " / ".join(t.paper.name(d, v) for d, v in zip(DIMS[1:], k) if len({c[DIMS[1:].index(d)] for c in cols}) > 1) or t.paper.name("metric", k[2])  # noqa: E731
+    lines = [f"Paired tests: proposed − baseline over common seeds, mean difference (in the paper's unit), test, p.", "",
+             "| Proposed vs baseline | " + " | ".join(name(k) for k in cols) + " |",
+             "|:---|" + "---:|" * len(cols)]
+    for p, b in pairs:
+        cells = []
+        for k in cols:
+            tr = by.get((p, b, k))
+            if tr is None:
+                cells.append(DASH)
+                continue
+            r = tr.result
+            d = t.paper.metrics[k[2]].decimals
+            if r.test == "none":
+                cells.append(f"n/a ({r.note})")
+            else:
+                short = "W" if r.test.startswith("Wilcoxon") else "t"
+                cells.append(f"{_signed(r.mean_diff, d)}, {short}, p = {_fmt_p(r.p)} (n={r.n})")
+        lines.append(f"| {t.paper.name('method', p)} vs {t.paper.name('method', b)} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n\nt: paired t-test; W: Wilcoxon signed-rank (exact); two-sided.\n"
+
+
+def _header_spans(t: Table, level: int) -> list[tuple[str, int]]:
+    """(name, width) runs of equal header prefixes at `level` (0 = outermost)."""
+    spans: list[tuple[tuple, str, int]] = []
+    for col in t.columns:
+        prefix = col.header[: level + 1]
+        if spans and spans[-1][0] == prefix:
+            spans[-1] = (prefix, spans[-1][1], spans[-1][2] + 1)
+        else:
+            spans.append((prefix, t.paper.name(*col.header[level]), 1))
+    return [(n, w) for _, n, w in spans]
+
+
+def to_latex(res: TableResult, label: str = "") -> str:
+    """booktabs, three sub-columns (ours | paper | Δ) per paper column; needs booktabs and graphicx."""
+    t = res.table
+    n = len(t.columns)
+    levels = len(t.columns[0].header)
+    lines = [f"% {title(res)}", "% needs \\usepackage{booktabs,graphicx}", r"\begin{table}[t]", r"\centering",
+             rf"\caption{{{tex(title(res))}}}"]
+    if label:
+        lines.append(rf"\label{{tab:{label}}}")
+    lines += [r"\resizebox{\linewidth}{!}{%", r"\begin{tabular}{l" + "rrr" * n + "}", r"\toprule"]
+    for level in range(levels):
+        cells, rules, start = [""], [], 2
+        for name, width in _header_spans(t, level):
+            cells.append(rf"\multicolumn{{{3 * width}}}{{c}}{{{tex(name)}}}")
+            rules.append(rf"\cmidrule(lr){{{start}-{start + 3 * width - 1}}}")
+            start += 3 * width
+        lines += [" & ".join(cells) + r" \\", " ".join(rules)]
+    first = "Method" if "method" in t.rows[0].key else ""
+    lines.append(" & ".join([first] + [r"ours & paper & $\Delta$"] * n) + r" \\")
+    lines.append(r"\midrule")
+    section = None
+    for i, row in enumerate(t.rows):
+        if row.section != section and row.section:
+            if i:
+                lines.append(r"\midrule")
+            lines.append(rf"\multicolumn{{{1 + 3 * n}}}{{l}}{{\emph{{{tex(row.section)}}}}} \\")
+        elif row.derived and i and not t.rows[i - 1].derived:
+            lines.append(r"\midrule")
+        section = row.section
+        out = [tex(t.row_name(row))]
+        for col in t.columns:
+            c = res.cell(row, col)
+            main, rest = ours_text(res, c)
+            main = tex(main)
+            if main and c.rank_ours == 1:
+                main = rf"\textbf{{{main}}}"
+            mark = _rank_mark(res, c.rank_ours)
+            ours = main + (rf"$^{{{_TEX_RANK.get(mark, mark)}}}$" if mark else "") + tex(rest)
+            paper = tex(paper_text(res, c))
+            if c.rank_paper == 1 and c.paper is not None:
+                paper = rf"\textbf{{{paper}}}"
+            diff = tex(diff_text(res, c, mark="").strip()) + (TEX_MARK if c.dev.beyond and not res.reduced else "")
+            out += [ours, paper, diff]
+        lines.append(" & ".join(out) + r" \\")
+    lines += [r"\bottomrule", r"\end{tabular}}"]
+    lines.append(r"\par\smallskip{\footnotesize " + " ".join(tex(x) for x in notes(res)) + "}")
+    lines.append(r"\end{table}")
+    return "\n".join(lines) + "\n"
+
+
+def to_html(res: TableResult) -> str:
+    """A standalone HTML page: the comparison table, its notes and the paired tests."""
+    t = res.table
+    e = html.escape
+    n = len(t.columns)
+    levels = len(t.columns[0].header)
+    out = ["<!DOCTYPE html><html><head><meta charset='utf-8'><title>" + e(title(res)) + "</title><style>",
+           "body{font-family:sans-serif;font-size:13px}table{border-collapse:collapse;margin:8px 0}"
+           "th,td{padding:2px 6px;text-align:right;white-space:nowrap}td.m,th.m{text-align:left}"
+           "thead tr:last-child th{border-bottom:1px solid #000}table{border-top:2px solid #000;border-bottom:2px solid #000}"
+           "td.p{color:#555}td.d{color:#555;border-right:1px solid #ddd}tr.s td{font-style:italic;text-align:left;"
+           "border-top:1px solid #000}.beyond{color:#b00;font-weight:bold}.na{color:#999}",
+           "</style></head><body>", f"<h3>{e(title(res))}</h3>", "<table><thead>"]
+    for level in range(levels):
+        out.append("<tr><th class='m'></th>" + "".join(f"<th colspan='{3 * w}'>{e(name)}</th>"
+                                                       for name, w in _header_spans(t, level)) + "</tr>")
+    out.append("<tr><th class='m'>Method</th>" + "<th>ours</th><th>paper</th><th>Δ</th>" * n + "</tr></thead><tbody>")
+    section = None
+    for row in t.rows:
+        if row.section != section and row.section:
+            out.append(f"<tr class='s'><td colspan='{1 + 3 * n}'>{e(row.section)}</td></tr>")
+        section = row.section
+        tds = [f"<td class='m'>{e(t.row_name(row))}</td>"]
+        for col in t.columns:
+            c = res.cell(row, col)
+            main, rest = ours_text(res, c)
+            main = e(main)
+            if main and c.rank_ours == 1:
+                main = f"<b>{main}</b>"
+            mark = _rank_mark(res, c.rank_ours)
+            cls = "" if c.status in ("ok", "derived") else " class='na'"
+            tds.append(f"<td{cls}>{main}{f'<sup>{e(mark)}</sup>' if mark else ''}{e(rest)}</td>")
+            paper = e(paper_text(res, c))
+            tds.append(f"<td class='p'>{f'<b>{paper}</b>' if c.rank_paper == 1 and c.paper is not None else paper}</td>")
+            diff = e(diff_text(res, c))
+            tds.append(f"<td class='d'>{f'<span class=beyond>{diff}</span>' if c.dev.beyond and not res.reduced else diff}</td>")
+        out.append("<tr>" + "".join(tds) + "</tr>")
+    out.append("</tbody></table><ul>" + "".join(f"<li>{e(x)}</li>" for x in notes(res)) + "</ul>")
+    if res.tests:
+        out.append("<h4>Paired tests</h4><pre>" + e(tests_markdown(res)) + "</pre>")
+    out.append("</body></html>")
+    return "\n".join(out) + "\n"
+
+
+CELL_COLUMNS = ["paper_id", "table", "section", "row", *DIMS, "unit", "label", "dataset_run", "partition", "kind",
+                "column", "status", "n_seeds", "n_failed", "seeds", "mean", "std", "ci95_low", "ci95_high", "paper",
+                "paper_pm", "paper_pm_kind", "diff", "beyond_spread", "deviation_test", "deviation_p", "rank_ours",
+                "rank_paper", "reduced", "note"]
+TEST_COLUMNS = ["paper_id", "table", "proposed", "baseline", "dataset", "setting", "metric", "n", "mean_diff", "test",
+                "statistic", "p"]
+
+
+def cells_frame(res: TableResult) -> pd.DataFrame:
+    t = res.table
+    rows = []
+    for c in res.cells.values():
+        tg = c.target
+        metric = t.metric(c.key)
+        rows.append({
+            "paper_id": t.paper.id, "table": t.id, "section": c.row.section, "row": t.row_name(c.row),
+            **dict(zip(DIMS, c.key)), "unit": metric.unit,
+            "label": tg.label if tg else None, "dataset_run": tg.dataset if tg else None,
+            "partition": tg.partition if tg else None, "kind": c.kind, "column": tg.column if tg else None,
+            "status": c.status, "n_seeds": c.stats.n, "n_failed": c.n_failed,
+            "seeds": " ".join(map(str, sorted(c.values))) or None,
+            "mean": c.stats.mean if c.has_value else None, "std": c.stats.std if c.stats.n >= 2 else None,
+            "ci95_low": c.stats.ci_low if c.stats.n >= 2 else None, "ci95_high": c.stats.ci_high if c.stats.n >= 2 else None,
+            "paper": c.paper, "paper_pm": c.paper_pm, "paper_pm_kind": (t.pm or {}).get("kind") if c.paper_pm is not None else None,
+            "diff": c.diff if np.isfinite(c.diff) else None, "beyond_spread": c.dev.beyond,
+            "deviation_test": None if c.dev.test == "none" else c.dev.test,
+            "deviation_p": c.dev.p if np.isfinite(c.dev.p) else None,
+            "rank_ours": c.rank_ours or None, "rank_paper": c.rank_paper or None, "reduced": res.reduced,
+            "note": c.paper_note or None,
+        })
+    return pd.DataFrame(rows, columns=CELL_COLUMNS)
+
+
+def tests_frame(res: TableResult) -> pd.DataFrame:
+    t = res.table
+    rows = [{"paper_id": t.paper.id, "table": t.id, "proposed": t.row_name(tr.proposed), "baseline": t.row_name(tr.baseline),
+             "dataset": tr.proposed_key[1], "setting": tr.proposed_key[2], "metric": tr.proposed_key[3], "n": tr.result.n,
+             "mean_diff": tr.result.mean_diff if np.isfinite(tr.result.mean_diff) else None, "test": tr.result.test,
+             "statistic": tr.result.statistic if np.isfinite(tr.result.statistic) else None,
+             "p": tr.result.p if np.isfinite(tr.result.p) else None} for tr in res.tests]
+    return pd.DataFrame(rows, columns=TEST_COLUMNS)
+
+
+def _write_csv(path: Path, frame: pd.DataFrame, header: list[str]) -> None:
+    with atomic_path(path) as tmp:
+        with open(tmp, "w", newline="") as fh:
+            fh.write("".join(f"# {h}\n" for h in header))
+            frame.round(6).to_csv(fh, index=False)
+
+
+def write_table(res: TableResult, out_prefix: str | Path) -> list[Path]:
+    """<prefix>.md, .tex, .csv (one row per cell), .html and <prefix>_tests.csv."""
+    prefix = Path(out_prefix)
+    paths = {ext: prefix.with_name(prefix.name + ext) for ext in (".md", ".tex", ".csv", ".html", "_tests.csv")}
+    label = f"{res.table.paper.id}_{res.table.id}"
+    write_text_atomic(paths[".md"], to_markdown(res))
+    write_text_atomic(paths[".tex"], to_latex(res, label))
+    write_text_atomic(paths[".html"], to_html(res))
+    head = [f"{label}: {title(res)}", *notes(res)]
+    _write_csv(paths[".csv"], cells_frame(res), head)
+    _write_csv(paths["_tests.csv"], tests_frame(res), [f"{label}: paired tests (report/stats.py)"])
+    return list(paths.values())
+
+
+def build_from_plan(plan: PaperPlan, table_id: str, frame: pd.DataFrame) -> TableResult:
+    tp = plan.tables[table_id]
+    return build_table(tp.table, frame, tp, plan.reduced, plan.seeds)

@@ -1,0 +1,135 @@
+"""Statistics over seeds for the paper tables: confidence intervals, the "beyond the seed
+spread" rule for our-vs-paper differences, and paired tests of the proposed method against
+each baseline.
+
+Rules (also printed under every paper table):
+
+* Per cell: mean, sample std (ddof=1) and a 95 % Student-t confidence interval of the mean
+  over the n seeds, mean ± t(0.975, n-1)·s/√n. With one seed there is no interval.
+* Our mean vs the paper's value: the difference is *beyond the seed spread* when a two-sided
+  t-test at 5 % rejects "same mean". Where the paper gives only a number, that is the
+  one-sample test, i.e. the paper's value lies outside our 95 % interval. Where the paper
+  gives a ± that is a std over its own k runs, it is Welch's test from the two summaries
+  (our n seeds, its k runs): our interval widened by the paper's own spread. A ± that is a
+  spread over clients (not over runs) is not used. With one seed nothing is marked.
+* Proposed method vs a baseline, same column, paired by seed (the seeds both have):
+  Wilcoxon's signed-rank test (exact, two-sided) from 6 common seeds on, below that the
+  paired t-test (two-sided); with fewer than 2 common seeds no test. With 5 or fewer pairs
+  the signed-rank test cannot reach p < 0.05 (its smallest two-sided p is 2/2^n), hence 6.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Iterable, Mapping
+
+import numpy as np
+from scipy import stats as sps
+
+LEVEL = 0.95
+ALPHA = 0.05
+WILCOXON_MIN_SEEDS = 6
+
+
+@dataclass(frozen=True)
+class SeedStats:
+    """Mean, sample std, count and the Student-t interval of values over seeds."""
+
+    n: int
+    mean: float
+    std: float  # ddof=1; NaN for n < 2
+    ci_low: float  # NaN for n < 2
+    ci_high: float
+
+    @property
+    def half_width(self) -> float:
+        return (self.ci_high - self.ci_low) / 2
+
+
+def t_quantile(n: int, level: float = LEVEL) -> float:
+    """t(1 - (1 - level)/2, n - 1); NaN for n < 2."""
+    return float(sps.t.ppf(0.5 + level / 2, n - 1)) if n >= 2 else math.nan
+
+
+def seed_stats(values: Iterable[float], level: float = LEVEL) -> SeedStats:
+    """Stats of the finite values (NaNs, e.g. failed seeds, are left out)."""
+    v = np.asarray([x for x in values if x is not None and np.isfinite(x)], dtype=float)
+    n = len(v)
+    if n == 0:
+        return SeedStats(0, math.nan, math.nan, math.nan, math.nan)
+    mean = float(v.mean())
+    if n == 1:
+        return SeedStats(1, mean, math.nan, math.nan, math.nan)
+    std = float(v.std(ddof=1))
+    h = t_quantile(n, level) * std / math.sqrt(n)
+    return SeedStats(n, mean, std, mean - h, mean + h)
+
+
+@dataclass(frozen=True)
+class Deviation:
+    """Our mean against the paper's value: the test used, its p-value and the mark."""
+
+    test: str  # "one-sample t" | "Welch t" | "none"
+    p: float  # NaN when no test
+    beyond: bool | None  # None: not assessed (one seed, no paper value)
+    reason: str = ""
+
+
+def deviation(ours: SeedStats, paper: float | None, paper_std: float | None = None,
+              paper_runs: int | None = None, alpha: float = ALPHA) -> Deviation:
+    """Is |our mean - paper| more than the seed spread explains? (module docstring)."""
+    if paper is None or not np.isfinite(paper) or ours.n == 0:
+        return Deviation("none", math.nan, None, "no paper value" if ours.n else "no runs")
+    if ours.n < 2:
+        return Deviation("none", math.nan, None, "one seed: no spread to judge by")
+    diff = ours.mean - paper
+    var = ours.std**2 / ours.n
+    use_paper = paper_std is not None and np.isfinite(paper_std) and paper_runs is not None and paper_runs >= 2
+    if use_paper:
+        var_p = paper_std**2 / paper_runs
+        se = math.sqrt(var + var_p)
+        if se == 0:
+            return Deviation("Welch t", 0.0 if diff else 1.0, bool(diff), "no spread on either side")
+        # Welch-Satterthwaite degrees of freedom
+        df = (var + var_p) ** 2 / ((var**2 / (ours.n - 1) if var else 0.0) + var_p**2 / (paper_runs - 1))
+        p = float(2 * sps.t.sf(abs(diff) / se, df))
+        return Deviation("Welch t", p, p < alpha)
+    se = math.sqrt(var)
+    if se == 0:
+        return Deviation("one-sample t", 0.0 if diff else 1.0, bool(diff), "identical values over seeds")
+    p = float(2 * sps.t.sf(abs(diff) / se, ours.n - 1))
+    return Deviation("one-sample t", p, p < alpha)
+
+
+@dataclass(frozen=True)
+class PairedTest:
+    """Proposed minus baseline over the common seeds."""
+
+    test: str  # "Wilcoxon signed-rank" | "paired t" | "none"
+    n: int
+    mean_diff: float
+    statistic: float
+    p: float
+    note: str = ""
+
+
+def paired_test(proposed: Mapping[int, float], baseline: Mapping[int, float],
+                wilcoxon_min: int = WILCOXON_MIN_SEEDS) -> PairedTest:
+    """Paired test over the seeds both sides have a finite value for (module docstring)."""
+    seeds = sorted(s for s in proposed if s in baseline and np.isfinite(proposed[s]) and np.isfinite(baseline[s]))
+    d = np.asarray([proposed[s] - baseline[s] for s in seeds], dtype=float)
+    n = len(d)
+    if n < 2:
+        return PairedTest("none", n, float(d.mean()) if n else math.nan, math.nan, math.nan,
+                          f"{n} common seed(s): no test")
+    mean_diff = float(d.mean())
+    if np.all(d == d[0]):  # no spread in the differences: the tests are degenerate
+        p = 1.0 if d[0] == 0 else (2.0 / 2**n if n >= wilcoxon_min else 0.0)
+        test = "Wilcoxon signed-rank" if n >= wilcoxon_min else "paired t"
+        return PairedTest(test, n, mean_diff, math.nan, p, "identical differences over seeds")
+    if n >= wilcoxon_min:
+        res = sps.wilcoxon(d, alternative="two-sided", method="auto")
+        return PairedTest("Wilcoxon signed-rank", n, mean_diff, float(res.statistic), float(res.pvalue))
+    res = sps.ttest_rel([proposed[s] for s in seeds], [baseline[s] for s in seeds])
+    return PairedTest("paired t", n, mean_diff, float(res.statistic), float(res.pvalue))

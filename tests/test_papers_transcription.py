@@ -1,0 +1,119 @@
+"""The published numbers (config/papers/published/*.yaml) against the paper texts in
+../shared/papers: every value occurs in its paper's text, and a sample of rows reads in the
+paper's own order."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from conftest import REPO
+from fedrepro.report.papers import DIMS, load_published
+
+PUBLISHED = REPO / "config" / "papers" / "published"
+PAPERS = REPO.parent / "shared" / "papers"
+SOURCES = {"fedcrc": "fedcrc", "grp_fed": "grp-fed", "fedcosr": "fedcosr", "calibre": "calibre", "fedgcr": "fedgcr"}
+# Numeric cells per table, as transcribed (FedCoSR Table III: two "–" for FedPAC at β = 0.01).
+CELLS = {
+    "fedcrc": {"table1": 84, "table2": 18, "table3": 16},
+    "grp_fed": {"table1": 64},
+    "fedcosr": {"table2": 204, "table3": 204, "fairness": 2, "scarcity": 0},
+    "calibre": {"table1": 12},
+    "fedgcr": {"table1": 72, "table2": 72, "table3": 15, "table4": 24, "table5": 12},
+}
+
+
+def text(paper: str) -> str:
+    path = PAPERS / f"{SOURCES[paper]}.txt"
+    if not path.exists():
+        pytest.skip(f"{path} is not here (the shared reference folder beside the repository)")
+    return path.read_text()
+
+
+def row(paper: str, table: str, method: str, **fixed) -> list:
+    """The values of one row, in the layout's column order."""
+    t = load_published(PUBLISHED / f"{paper}.yaml").tables[table]
+    out = []
+    for col in t.columns:
+        key = {"method": method, **col.key}
+        if all(key.get(d) == v for d, v in fixed.items()):
+            c = t.cells.get(tuple(key[d] for d in DIMS))
+            out.append(c)
+    return out
+
+
+def fmt(v: float, decimals: int) -> str:
+    return f"{v:.{decimals}f}"
+
+
+@pytest.mark.parametrize("paper", sorted(SOURCES))
+def test_every_value_occurs_in_the_paper_text(paper):
+    src = text(paper)
+    p = load_published(PUBLISHED / f"{paper}.yaml")
+    assert {tid: len(t.cells) for tid, t in p.tables.items()} == CELLS[paper]
+    for t in p.tables.values():
+        for key, c in t.cells.items():
+            for v in (c.value, c.pm):
+                if v is None:
+                    continue
+                shown = c.ocr if c.ocr and v == c.value else repr(v)
+                assert shown in src, f"{paper} {t.id} {key}: {shown} not in the text"
+            if c.value is None:
+                assert c.note, f"{paper} {t.id} {key}: a '–' cell needs a note"
+
+
+def test_fedcrc_rows_in_order():
+    lines = text("fedcrc").splitlines()
+    # Table I: the printed row is "FedRep [8]<TAB>98.47<TAB>..."; trailing zeros may be dropped (55.9)
+    printed = next(line for line in lines if line.startswith("FedRep [8]")).split("\t")[1:]
+    assert [float(x) for x in printed] == [c.value for c in row("fedcrc", "table1", "fedrep")]
+    printed = next(line for line in lines if line.startswith("FedCRC-Per\t")).split("\t")[1:]
+    assert [float(x) for x in printed] == [c.value for c in row("fedcrc", "table1", "fedcrc_per")]
+    # Table II has no row labels in the text: its 6th printed row is FedCRC's (Table I's order)
+    assert "60.43\t64.82\t64.62" in text("fedcrc")
+    assert [c.value for c in row("fedcrc", "table2", "fedcrc")] == [60.43, 64.82, 64.62]
+    assert [c.value for c in row("fedcrc", "table3", "fedcrc_tau0.5")] == [60.25, 69.79, 72.52, 75.77]
+
+
+def test_grp_fed_rows_in_order():
+    # The text prints "a±b" as "0.5690.004": value and std glued together
+    line = next(x for x in text("grp_fed").splitlines() if x.startswith("GRP-FED 0."))
+    cells = row("grp_fed", "table1", "grp_fed")
+    assert line.split()[1:] == [fmt(c.value, 3) + fmt(c.pm, 3) for c in cells]
+    line = next(x for x in text("grp_fed").splitlines() if x.startswith("q-FFL 0."))
+    assert line.split()[1:] == [fmt(c.value, 3) + fmt(c.pm, 3) for c in row("grp_fed", "table1", "qffl")]
+
+
+def test_fedcosr_rows_in_order():
+    lines = text("fedcosr").splitlines()
+    line = next(x for x in lines if x.startswith("FedProto\t"))
+    nums = [float(n) for n in re.findall(r"\d+\.\d\d", line)]
+    assert nums == [c.value for c in row("fedcosr", "table2", "fedproto")]
+    line = next(x for x in lines if x.startswith("Averaged\t83.83"))
+    assert [float(n) for n in re.findall(r"\d+\.\d\d", line)] == [c.value for c in row("fedcosr", "table2", "averaged")]
+    # Table III, FedPAC: "–" at β = 0.01 and the OCR's "14.84" read as 74.84
+    cells = row("fedcosr", "table3", "fedpac", setting="beta1")
+    assert [c.value for c in cells] == [74.84, 3.44] and cells[0].ocr == "14.84"
+    assert [c.value for c in row("fedcosr", "table3", "fedpac", setting="beta0.01")] == [None, None]
+    assert [c.value for c in row("fedcosr", "fairness", "fedcosr")] == [90.08, 5.92]
+    assert "mean accuracy of 90.08% with a standard deviation of 5.92%" in text("fedcosr")
+
+
+def test_calibre_values_in_order():
+    pairs = re.findall(r"(\d+\.\d+)±(\d+\.\d+)plus-or-minus", text("calibre"))
+    t = load_published(PUBLISHED / "calibre.yaml").tables["table1"]
+    # printed row by row (ablation), columns SimCLR, SwAV, SMoG
+    mine = [(t.cells[(m, "cifar10", s, "acc")].value, t.cells[(m, "cifar10", s, "acc")].pm)
+            for s in ("no_reg", "lp_only", "ln_only", "ln_lp") for m in ("calibre_simclr", "calibre_swav", "calibre_smog")]
+    assert [(float(a), float(b)) for a, b in pairs] == mine
+
+
+def test_fedgcr_rows_in_order():
+    src = text("fedgcr")
+    line = next(x for x in src.splitlines() if x.startswith("| FedGCR") and "85.82" in x)
+    printed = [(float(a), float(b)) for a, b in re.findall(r"(\d+\.\d+)(?:</b>)?\s*\((\d+\.\d+)\)", line)]
+    assert printed == [(c.value, c.pm) for c in row("fedgcr", "table1", "fedgcr")]
+    assert [c.value for c in row("fedgcr", "table5", "fedgc")] == [79.49, 16.57, 11.61]
+    assert "| T' = 6 | 85.86 | 8.45            | 8.16              | 82.99  | 11.92" in src
+    assert [c.value for c in row("fedgcr", "table4", "fedgcr_t6")] == [85.86, 8.45, 8.16, 82.99, 11.92, 8.36]
