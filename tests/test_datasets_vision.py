@@ -380,7 +380,7 @@ def test_prepare_info_and_fingerprint_change(tmp_path, monkeypatch, no_network):
     raw = load_dataset("cifar10", tmp_path / "a")
     assert info == {
         "dataset": "cifar10", "params": {}, "fingerprint": raw.fingerprint(), "num_samples": 13,
-        "num_classes": 10, "sample_shape": [3, 32, 32], "source": raw.source,
+        "num_classes": 10, "sample_shape": [3, 32, 32], "source": raw.source, "downloads": [],
     }
     make("cifar10", tmp_path / "b", monkeypatch, seed=2)
     assert prepare_dataset("cifar10", tmp_path / "b")["fingerprint"] != info["fingerprint"]

@@ -18,7 +18,7 @@ from fedrepro.methods.scaffold import Scaffold
 
 from test_engine import engine_for
 
-FULL_BATCH = 100_000  # larger than any client: one step per epoch on the whole train split
+FULL_BATCH = 10_000  # larger than any client: one step per epoch on the whole train split
 
 
 def make_engine(tiny_partition, make_cell, **training):

@@ -148,18 +148,20 @@ def test_unseen_clients_bounds_and_participation_counts_training_clients():
 
 def test_scarcity_keeps_a_fraction_of_chosen_clients_class_by_class():
     raw = random_images(2000)
-    base = {"dataset": "random_images", "partitioner": "iid", "num_clients": 5, "seed": 3, "split": {"test_fraction": 0.0}}
+    # scarcity applies before the train/test split: count a client's rows over both splits
+    base = {"dataset": "random_images", "partitioner": "iid", "num_clients": 5, "seed": 3, "split": {"test_fraction": 0.2}}
+    rows = lambda part: np.sort(np.concatenate([part["train"], part["test"]]))
     full = make_partition(raw, base)
     cut = make_partition(raw, {**base, "scarcity": {"clients": [1, 4], "fraction": 0.1}})
     for cid in range(5):
-        before, after = np.bincount(raw.y[full[cid]["train"]], minlength=10), np.bincount(raw.y[cut[cid]["train"]], minlength=10)
+        before, after = np.bincount(raw.y[rows(full[cid])], minlength=10), np.bincount(raw.y[rows(cut[cid])], minlength=10)
         if cid in (1, 4):
             assert np.array_equal(after, np.maximum(1, np.round(0.1 * before)).astype(int) * (before > 0))
-            assert set(cut[cid]["train"]) <= set(full[cid]["train"])
-        else:  # untouched clients are exactly as without scarcity
-            assert np.array_equal(cut[cid]["train"], full[cid]["train"])
+            assert set(rows(cut[cid])) <= set(rows(full[cid]))
+        else:  # untouched clients keep exactly their rows (the split's draw may differ)
+            assert np.array_equal(rows(cut[cid]), rows(full[cid]))
     ranged = make_partition(raw, {**base, "scarcity": {"clients": "all", "fraction": [0.05, 0.25]}})
-    shares = [len(r["train"]) / len(f["train"]) for r, f in zip(ranged, full)]
+    shares = [len(rows(r)) / len(rows(f)) for r, f in zip(ranged, full)]
     assert all(0.04 < s < 0.27 for s in shares) and len(set(np.round(shares, 3))) > 1
 
 
