@@ -76,7 +76,8 @@ class FedAMP(Method):
     summary = "FedAMP: per-client cloud model by attentive message passing; local CE + proximal pull to it"
     paper = "Huang et al., AAAI 2021"
     hparams = {
-        # Defaults [RECON]: PFLlib's run scripts (-alk 5e-3 -lam 5e-7 -sg 1e-1) make FedAMP Local under
+        # Defaults [RECON]: the values of earlier PFLlib run scripts (-alk 5e-3 -lam 5e-7 -sg 1e-1; not in PFLlib
+        # d832e76, whose main.py defaults are 1.0 each, see below) make FedAMP Local under
         # another name: with the squared distances ||w_i - w_j||^2 measured on fmnist Dir(0.1) with
         # fedavg_cnn (median 0.25 after one round, 0.46 after three; 20 clients, lr 0.005, batch 10)
         # the attention weights are ~1e-3 and the pull lamda / alphaK = 1e-4. PFLlib's argparse

@@ -22,7 +22,9 @@ alpha = beta = lr). A fixed small beta (Plato / FL-bench 1e-3) is far below the 
 rates the benchmark's cells use (0.005-0.05), and the global model then barely moves: the
 personalized score becomes each client's majority class after one alpha step. Like PFLlib
 (serverperavg.evaluate_one_step -> clientperavg.train_one_step), the evaluated model is
-adapted on a batch of the client's *training* data.
+adapted on a batch of the client's *training* data. PFLlib's server also trains every selected client twice
+per round (serverperavg.py: client.train() then a second pass); here a round is the configured
+local_epochs (set local_epochs: 2 to match it, as benchmarks/parity_pfllib.py does).
 """
 
 from __future__ import annotations
