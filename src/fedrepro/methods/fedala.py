@@ -107,12 +107,18 @@ class FedALA(FedAvg):
         p = self.hp["layer_idx"]
         return names[-p:] if p else names
 
-    def adaptive_local_aggregation(self, client, global_p: Params, local_p: Params, purpose: str = "fedala-sample") -> Params:
+    def adaptive_local_aggregation(self, client, global_p: Params, local_p: Params, purpose: str = "fedala-sample",
+                                   keep: bool = True) -> Params:
+        """ALA's mix of `global_p` and `local_p`; `keep=False` learns W on a copy and leaves the client's W as it was."""
         top = self.mixed_names()
         if all(torch.equal(global_p[k], local_p[k]) for k in top):
             return dict(global_p)  # nothing to mix (round 1): ALA off, start phase kept for later
-        start = "ala_weights" not in client.state
-        weights = client.state.get("ala_weights") or {k: torch.ones_like(global_p[k]) for k in top}
+        stored = client.state.get("ala_weights")
+        start = stored is None
+        if stored is None:
+            weights = {k: torch.ones_like(global_p[k]) for k in top}
+        else:
+            weights = stored if keep else {k: w.clone() for k, w in stored.items()}
         forward, batches = self.weight_forward(top, global_p, self.weight_batches(client, purpose))
         losses: list[float] = []
         for _ in range(self.hp["max_start_epochs"] if start else 1):
@@ -122,7 +128,8 @@ class FedALA(FedAvg):
             n = self.hp["num_pre_loss"]
             if len(losses) > n and np.std(losses[-n:]) < self.hp["threshold"]:
                 break
-        client.state["ala_weights"] = weights
+        if keep:
+            client.state["ala_weights"] = weights
         return mix(global_p, local_p, weights)
 
     def weight_batches(self, client, purpose: str = "fedala-sample") -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -157,14 +164,5 @@ class FedALA(FedAvg):
     def personal_params(self, client):
         if "model" not in client.state:  # never trained: the engine's untrained rule decides how it is scored
             return self.server["global"]
-        state = client.state
-        weights = state.get("ala_weights")
-        try:  # learn W on a copy: the client's own W only changes when it trains
-            if weights is not None:
-                state["ala_weights"] = {k: w.clone() for k, w in weights.items()}
-            return self.adaptive_local_aggregation(client, self.server["global"], state["model"], "fedala-eval")
-        finally:
-            if weights is None:
-                state.pop("ala_weights", None)
-            else:
-                state["ala_weights"] = weights
+        # W is learned as at a real receipt, on a copy: the client's own W only changes when it trains
+        return self.adaptive_local_aggregation(client, self.server["global"], client.state["model"], "fedala-eval", keep=False)
