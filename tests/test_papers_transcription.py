@@ -1,19 +1,26 @@
-"""The published numbers (config/papers/published/*.yaml) against the paper texts in
-../shared/papers: every value occurs in its paper's text, and a sample of rows reads in the
-paper's own order."""
+"""The published numbers (config/papers/published/*.yaml) against the paper texts: every
+value occurs in its paper's text, and a sample of rows reads in the paper's own order.
+
+The texts are tests/paper_excerpts/*.txt, the papers' table lines kept verbatim, so the tests
+run on any clone; where the full texts are here (../shared/papers beside the repository),
+`test_excerpts_are_the_papers_own_lines` checks the excerpts against them."""
 
 from __future__ import annotations
 
 import re
+import sys
 
 import pytest
 
 from conftest import REPO
 from fedrepro.report.papers import DIMS, load_published
 
+sys.path.insert(0, str(REPO / "tests" / "paper_excerpts"))
+from extract import SOURCES, excerpt  # noqa: E402
+
 PUBLISHED = REPO / "config" / "papers" / "published"
 PAPERS = REPO.parent / "shared" / "papers"
-SOURCES = {"fedcrc": "fedcrc", "grp_fed": "grp-fed", "fedcosr": "fedcosr", "calibre": "calibre", "fedgcr": "fedgcr"}
+EXCERPTS = REPO / "tests" / "paper_excerpts"
 # Numeric cells per table, as transcribed (FedCoSR Table III: two "–" for FedPAC at β = 0.01).
 CELLS = {
     "fedcrc": {"table1": 84, "table2": 18, "table3": 16},
@@ -25,10 +32,16 @@ CELLS = {
 
 
 def text(paper: str) -> str:
+    return (EXCERPTS / f"{SOURCES[paper]}.txt").read_text()
+
+
+@pytest.mark.parametrize("paper", sorted(SOURCES))
+def test_excerpts_are_the_papers_own_lines(paper):
+    """Each excerpt is exactly what tests/paper_excerpts/extract.py takes from the paper text."""
     path = PAPERS / f"{SOURCES[paper]}.txt"
     if not path.exists():
         pytest.skip(f"{path} is not here (the shared reference folder beside the repository)")
-    return path.read_text()
+    assert text(paper) == excerpt(paper, path.read_text()), "rerun tests/paper_excerpts/extract.py"
 
 
 def row(paper: str, table: str, method: str, **fixed) -> list:
