@@ -16,7 +16,6 @@ import math
 import resource
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
@@ -27,6 +26,7 @@ import torch.nn.functional as F
 from ..io import atomic_path, derive_seed, short_hash
 from ..metrics import STATS, accuracy, harmonic_mean, macro_f1, summarize
 from ..methods import METHODS, Method, Update, payload_bytes, select, weighted_average
+from ..methods.base import Batch, FitResult  # the engine <-> method contract (re-exported here)
 from ..models import SplitModel, build_model
 from .data import AUGMENTATIONS, Client, Split
 
@@ -51,20 +51,6 @@ class TrainingDiverged(RuntimeError):
     def __init__(self, reason: str, round: int):
         super().__init__(reason)
         self.reason, self.round = reason, round
-
-
-@dataclass
-class Batch:
-    x: torch.Tensor
-    y: torch.Tensor
-    features: torch.Tensor
-    logits: torch.Tensor
-
-
-@dataclass
-class FitResult:
-    loss: float  # mean training loss over the samples seen
-    steps: int
 
 
 def lr_at(schedule: dict[str, Any], base_lr: float, round: int) -> float:
