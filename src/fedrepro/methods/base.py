@@ -56,6 +56,7 @@ class Engine(Protocol):
 
     model: torch.nn.Module
     device: torch.device
+    seed: int
     clients: list["Client"]
     training: dict[str, Any]
     num_classes: int
@@ -64,6 +65,7 @@ class Engine(Protocol):
     lr: float
     augment: Callable[[torch.Tensor, torch.Generator], torch.Tensor] | None
 
+    def client(self, client_id: int) -> "Client": ...
     def get_params(self, prefixes: Iterable[str] = ("",)) -> Params: ...
     def set_params(self, params: Params) -> None: ...
     def generator(self, *keys: int | str) -> torch.Generator: ...
@@ -122,6 +124,10 @@ class Method:
 
     def personal_params(self, client: "Client") -> Params | None:
         return None
+
+    def report(self) -> dict[str, Any]:
+        """Method-specific results for metrics.json's `method` entry (FedGCR's clustering accuracy)."""
+        return {}
 
     def personalize_unseen(self, client: "Client") -> Params | None:
         """The personalized model of a client that never took part in training: it receives
