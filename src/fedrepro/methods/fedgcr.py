@@ -29,8 +29,9 @@ Choices (methods.md §5, [RECON] / [PAPER≠CODE]):
 - L_k is not quantised (the code's Ea_k = int(100 / L_k)); the group loss is data-size weighted (code).
 - One fresh optimizer per round from `training.optimizer` (paper: AdamW, lr 1e-3); the code keeps a
   per-client AdamW with prompt lr 1e-2 across rounds.
-- Ablations (Table 5): `group_customization: false` drops l_GC / l_RA (with the model's
-  `gc_net: false`: FedGR only; clustering then uses the prompt-free CLS embedding r);
+- Ablations (Table 5): `group_customization: false` is FedGR only: no GC-Net (the model's
+  type prompt stays off, as for the baselines), no l_GC / l_RA; clustering then uses the class-
+  balanced prompt-free CLS embedding r ([RECON]: the paper does not say what FedGR-only clusters);
   `group_reweighting: false` aggregates with p_k (FedGC only).
 The clustering accuracy against the clients' true types (their domain) is reported per round.
 """
@@ -97,15 +98,13 @@ class FedGCR(LossWeighted):
 
     # -- server ---------------------------------------------------------------------------
     def setup(self):
-        super().setup()
-        self.server["cluster_acc"] = []  # [round, accuracy] per round (when the clients' types are known)
-        ext = self.engine.model.extractor
-        if not hasattr(ext, "combined_prompts"):
+        model = self.engine.model
+        if not hasattr(model, "use_type_prompt"):
             raise ConfigError("method 'fedgcr': needs the model 'prompted_vit' (prompts, GC-Net, frozen ViT); allowed "
                               "model: prompted_vit")
-        if self.hp["group_customization"] and ext.gc_net is None:
-            raise ConfigError("method 'fedgcr': key 'group_customization' is true but the model has gc_net: false; allowed: "
-                              "group_customization: false (FedGR only) or the model's gc_net: true")
+        model.use_type_prompt(self.hp["group_customization"])  # before the server copies the trainable part
+        super().setup()
+        self.server["cluster_acc"] = []  # [round, accuracy] per round (when the clients' types are known)
         types = {c.client_type for c in self.engine.clients}
         if self.hp["num_groups"] is None and None in types:
             raise ConfigError("method 'fedgcr': key 'num_groups' is null (T' = number of client types) but not every "

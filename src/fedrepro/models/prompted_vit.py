@@ -13,7 +13,7 @@ Cheng et al., "FedGCR", AAAI 2024, §"Group Customization" and methods.md §5.1:
 Only the prompts, the GC-Net and the head train: `SplitModel.frozen_prefixes` names the backbone,
 so `Engine.get_params` never returns it and no method ever sends it (communication bytes count the
 prompts, GC-Net and head only). With `gc_net: false` the model is the plain prompted ViT the
-paper's baselines tune (prompts + head).
+paper's baselines tune (prompts + head): the GC-Net is used only where a method (FedGCR) switches it on.
 
 Weights: `weights: timm` loads timm's pretrained (ImageNet) weights from the model hub (needs
 internet); `weights: none` keeps the seeded random initialisation (tests); any other value is a
@@ -33,6 +33,7 @@ from ..registry import ConfigError, Param, show
 from . import MAX_WIDTH, MODELS, SplitModel
 
 BACKBONE_PREFIX = "extractor.backbone."
+GC_NET_PREFIX = "extractor.gc_net."
 WEIGHTS_TIMM, WEIGHTS_NONE = "timm", "none"
 
 
@@ -49,6 +50,7 @@ class PromptedViT(nn.Module):
         self.prompts = nn.Parameter(torch.randn(num_prompts, d) * 0.02)
         self.gc_net = nn.Sequential(nn.Linear(d, gc_hidden_mult * d), nn.ReLU(), nn.Linear(gc_hidden_mult * d, d)) if gc_net else None
         self.dropout = nn.Dropout(feature_dropout)  # the code's featurizer dropout on the output (0.1)
+        self.type_prompt_on = False  # FedGCR switches the GC-Net on (`PromptedSplitModel.use_type_prompt`)
         self.resize = resize
         self.img_size = tuple(backbone.patch_embed.img_size) if getattr(backbone.patch_embed, "img_size", None) else None
 
@@ -78,7 +80,7 @@ class PromptedViT(nn.Module):
         module's own (another model's prompts and GC-Net on the same tokens: FedGCR's z_0, z_prev)."""
         prompts = self.prompts if prompts is None else prompts
         h = None
-        if self.gc_net is not None:
+        if self.type_prompt_on:
             h = self.gc_net(r) if gc_params is None else torch.func.functional_call(self.gc_net, gc_params, (r,))
         p_bar = prompts.unsqueeze(0).expand(len(r), -1, -1)
         if h is not None:
@@ -95,6 +97,23 @@ class PromptedViT(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.encode(x)[0]
+
+
+class PromptedSplitModel(SplitModel):
+    """The prompted ViT as a `SplitModel`. The GC-Net is a capability that FedGCR switches on; while it
+    is off (every other method: plain prompt tuning, as the paper's baselines) it neither trains nor
+    travels (it joins the frozen prefixes)."""
+
+    def use_type_prompt(self, on: bool) -> None:
+        ext = self.extractor
+        if on and ext.gc_net is None:
+            raise ConfigError("model 'prompted_vit': a type-specific prompt needs the GC-Net; allowed: the model's "
+                              "gc_net: true")
+        ext.type_prompt_on = on
+        if ext.gc_net is not None:
+            for p in ext.gc_net.parameters():
+                p.requires_grad_(on)
+        self.frozen_prefixes = (BACKBONE_PREFIX,) + (() if on or ext.gc_net is None else (GC_NET_PREFIX,))
 
 
 def load_backbone_weights(backbone: nn.Module, path: str) -> None:
@@ -152,8 +171,9 @@ def build_backbone(name: str, args: dict, weights: str) -> nn.Module:
         "weights": Param(WEIGHTS_TIMM, "'timm' = timm's pretrained weights (model hub, needs internet); 'none' = random "
                                        "(tests); otherwise the path of a backbone checkpoint", str),
         "num_prompts": Param(4, "P, the number of global prompts (FedGCR: 4)", int, minimum=1, maximum=1024),
-        "gc_net": Param(True, "add GC-Net's type-specific prompt to every prompt (FedGC); false = plain prompt tuning "
-                              "(the baselines' VPT)", bool),
+        "gc_net": Param(True, "build GC-Net (FedGC's type-specific prompt, added to every prompt). Only FedGCR switches "
+                              "it on; every other method tunes the plain prompts + head (the paper's baselines' VPT), "
+                              "and an unused GC-Net neither trains nor travels", bool),
         "gc_hidden_mult": Param(4, "GC-Net hidden width = this x d (MetaNet(768, 1, 768, 3072): 4)", int, minimum=1,
                                 maximum=64),
         "feature_dropout": Param(0.1, "dropout on the CLS feature (the code's featurizer Dropout(0.1))", float, minimum=0,
@@ -171,4 +191,6 @@ def prompted_vit(sample_shape: Sequence[int], num_classes: int, backbone: str = 
     if net.embed_dim > MAX_WIDTH:
         raise ConfigError(f"model 'prompted_vit': embed_dim {net.embed_dim}; allowed: <= {MAX_WIDTH}")
     extractor = PromptedViT(net, num_prompts, gc_net, gc_hidden_mult, feature_dropout, resize)
-    return SplitModel(extractor, nn.Linear(net.embed_dim, num_classes), net.embed_dim, frozen_prefixes=(BACKBONE_PREFIX,))
+    model = PromptedSplitModel(extractor, nn.Linear(net.embed_dim, num_classes), net.embed_dim, frozen_prefixes=(BACKBONE_PREFIX,))
+    model.use_type_prompt(False)
+    return model
