@@ -34,6 +34,19 @@ from . import MAX_WIDTH, MODELS, SplitModel
 
 BACKBONE_PREFIX = "extractor.backbone."
 GC_NET_PREFIX = "extractor.gc_net."
+AMPLITUDE_KEY = "extractor.amplitude"
+
+
+def mean_amplitude(x: torch.Tensor) -> torch.Tensor:
+    """Mean over the images of their Fourier amplitude spectra |FFT2(x)| (C, H, W) (HarmoFL's AmpNorm)."""
+    return torch.fft.fft2(x).abs().mean(0)
+
+
+def amplitude_normalize(x: torch.Tensor, amplitude: torch.Tensor) -> torch.Tensor:
+    """Each image keeps its phase and takes the shared amplitude: IFFT2(A exp(i phase(FFT2(x))))
+    (HarmoFL, Jiang, Wang, Dou, AAAI 2022, amplitude normalisation)."""
+    phase = torch.angle(torch.fft.fft2(x))
+    return torch.fft.ifft2(torch.polar(amplitude.expand_as(phase), phase)).real
 WEIGHTS_TIMM, WEIGHTS_NONE = "timm", "none"
 
 
@@ -41,7 +54,7 @@ class PromptedViT(nn.Module):
     """The extractor: frozen ViT + appended prompts (+ GC-Net); `encode` gives (z, h, r)."""
 
     def __init__(self, backbone: nn.Module, num_prompts: int, gc_net: bool, gc_hidden_mult: int,
-                 feature_dropout: float, resize: bool):
+                 feature_dropout: float, resize: bool, sample_shape: Sequence[int]):
         super().__init__()
         self.backbone = backbone
         for p in self.backbone.parameters():
@@ -51,6 +64,9 @@ class PromptedViT(nn.Module):
         self.gc_net = nn.Sequential(nn.Linear(d, gc_hidden_mult * d), nn.ReLU(), nn.Linear(gc_hidden_mult * d, d)) if gc_net else None
         self.dropout = nn.Dropout(feature_dropout)  # the code's featurizer dropout on the output (0.1)
         self.type_prompt_on = False  # FedGCR switches the GC-Net on (`PromptedSplitModel.use_type_prompt`)
+        # HarmoFL's amplitude normalisation of the inputs (`use_amp_norm`): the shared amplitude spectrum
+        self.register_buffer("amplitude", torch.zeros(tuple(sample_shape)))
+        self.amp_norm_on = False
         self.resize = resize
         self.img_size = tuple(backbone.patch_embed.img_size) if getattr(backbone.patch_embed, "img_size", None) else None
 
@@ -61,6 +77,8 @@ class PromptedViT(nn.Module):
 
     def tokens(self, x: torch.Tensor) -> torch.Tensor:
         """[CLS + patch tokens] after the positional embeddings (the prompts go after these)."""
+        if self.amp_norm_on:
+            x = amplitude_normalize(x, self.amplitude)
         if self.resize and self.img_size is not None and tuple(x.shape[-2:]) != self.img_size:
             x = F.interpolate(x, size=self.img_size, mode="bilinear", align_corners=False)  # the paper resizes to 224
         bb = self.backbone
@@ -113,7 +131,18 @@ class PromptedSplitModel(SplitModel):
         if ext.gc_net is not None:
             for p in ext.gc_net.parameters():
                 p.requires_grad_(on)
-        self.frozen_prefixes = (BACKBONE_PREFIX,) + (() if on or ext.gc_net is None else (GC_NET_PREFIX,))
+        self._refreeze()
+
+    def use_amp_norm(self, on: bool) -> None:
+        """HarmoFL: normalise every input's amplitude spectrum to `extractor.amplitude` (which then travels)."""
+        self.extractor.amp_norm_on = on
+        self._refreeze()
+
+    def _refreeze(self) -> None:
+        ext = self.extractor
+        unused_gc = ext.gc_net is not None and not ext.type_prompt_on
+        self.frozen_prefixes = ((BACKBONE_PREFIX,) + ((GC_NET_PREFIX,) if unused_gc else ())
+                                + (() if ext.amp_norm_on else (AMPLITUDE_KEY,)))
 
 
 def load_backbone_weights(backbone: nn.Module, path: str) -> None:
@@ -190,7 +219,8 @@ def prompted_vit(sample_shape: Sequence[int], num_classes: int, backbone: str = 
     net = build_backbone(backbone, args, weights)
     if net.embed_dim > MAX_WIDTH:
         raise ConfigError(f"model 'prompted_vit': embed_dim {net.embed_dim}; allowed: <= {MAX_WIDTH}")
-    extractor = PromptedViT(net, num_prompts, gc_net, gc_hidden_mult, feature_dropout, resize)
+    extractor = PromptedViT(net, num_prompts, gc_net, gc_hidden_mult, feature_dropout, resize, sample_shape)
     model = PromptedSplitModel(extractor, nn.Linear(net.embed_dim, num_classes), net.embed_dim, frozen_prefixes=(BACKBONE_PREFIX,))
     model.use_type_prompt(False)
+    model.use_amp_norm(False)
     return model
