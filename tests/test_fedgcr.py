@@ -9,12 +9,10 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import method_engine
 from fedrepro.data.base import RawDataset
 from fedrepro.data.shards import load_partition, write_partition
 from fedrepro.engine.data import load_clients
 from fedrepro.metrics import type_summary
-from fedrepro.methods import payload_bytes
 from fedrepro.methods._fedgr import beta_at, class_balanced_mean, cluster_clients, cluster_purity, fedgr_weights
 from fedrepro.methods.fedgcr import group_contrastive_loss
 from fedrepro.models import build_model

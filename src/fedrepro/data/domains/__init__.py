@@ -80,3 +80,4 @@ from fedrepro.data.domains.domainnet import (DOMAINNET_BASE_URL, DOMAINNET_DIR, 
                                              DOMAINNET_ZIP_URLS, FEDBN_DOMAINNET_CLASSES, domainnet_download)  # noqa: F401
 from fedrepro.data.domains.mitbih import (BEAT_SYMBOLS, MITBIH_CLASSES, MITBIH_SOURCE, MITDB_DIR, MITDB_FS,
                                           MITDB_RECORDS)  # noqa: F401
+from fedrepro.data.domains import shifted  # noqa: F401  (registers shifted_domains)
