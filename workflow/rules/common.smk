@@ -45,6 +45,7 @@ wildcard_constraints:
     seed=r"\d+",
     pid=r"[0-9a-f]{10}",
     prepared=r"[0-9a-f]{8}",
+    phash=r"[0-9a-f]{10}",
 
 
 def raw_marker(dataset):
@@ -69,6 +70,19 @@ def cell_json(wildcards):
 
 def cell_shards(wildcards):
     return shard_dir(wildcards.dataset, wildcards.partition)
+
+
+def cell_inputs(wildcards):
+    """The cell's shards, and the pre-trained backbone its model loads (weights: proxy)."""
+    pretrained = EXP["datasets"][wildcards.dataset]["pretrained"]
+    return {"shards": cell_shards(wildcards), **({"backbone": pretrained["out"]} if pretrained else {})}
+
+
+def pretrain_spec_json(wildcards):
+    for ds, info in EXP["datasets"].items():
+        if ds == wildcards.dataset and info["pretrained"] and info["pretrained"]["out"].endswith(f"/{wildcards.phash}.pt"):
+            return json.dumps(info["pretrained"]["spec"], sort_keys=True)
+    raise ValueError(f"no pre-trained backbone {wildcards.phash} of {wildcards.dataset} in this experiment")
 
 
 def run_dir(c):

@@ -38,6 +38,8 @@ EXTRA_COLUMNS = ["rounds", "bytes_up_total", "bytes_down_total", "wall_time_s", 
 TYPE_COLUMNS = {"type_avg": "avg", "type_sigma": "sigma_type", "client_sigma": "sigma_client"}
 SUMMARY_COLUMNS = [*CELL_KEYS, "status", "failure_reason", "kind", *METRIC_COLUMNS, *BESTVAL_COLUMNS, *EXTRA_COLUMNS,
                    *TYPE_COLUMNS, "cluster_acc"]
+#: the summary columns a paper table may map a metric to
+TABLE_COLUMNS = [*METRIC_COLUMNS, *BESTVAL_COLUMNS, *TYPE_COLUMNS, "cluster_acc"]
 GROUP = ["dataset", "partition", "label", "kind"]
 JSON_COLUMNS = ("acc_weighted_mean", "acc_mean", "acc_worst10", "acc_std", "f1_mean")
 CURVE_COLUMNS = ["dataset", "partition", "label", "kind", "seed", "round", "metric", "stat", "value"]
