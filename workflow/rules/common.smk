@@ -1,6 +1,7 @@
 # Config validation and the helpers that turn an experiment into paths.
 # All checks run here, at parse time: a bad config stops before any job starts.
 import json
+from pathlib import Path
 import os
 import re
 import sys
@@ -80,7 +81,7 @@ def cell_inputs(wildcards):
 
 def pretrain_spec_json(wildcards):
     for ds, info in EXP["datasets"].items():
-        if ds == wildcards.dataset and info["pretrained"] and info["pretrained"]["out"].endswith(f"/{wildcards.phash}.pt"):
+        if ds == wildcards.dataset and info["pretrained"] and Path(info["pretrained"]["out"]).stem == wildcards.phash:
             return json.dumps(info["pretrained"]["spec"], sort_keys=True)
     raise ValueError(f"no pre-trained backbone {wildcards.phash} of {wildcards.dataset} in this experiment")
 

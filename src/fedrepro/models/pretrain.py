@@ -91,7 +91,7 @@ def pretrain_backbone(spec: dict, root: Path, out: Path, threads: int | None = N
             loss.backward()
             opt.step()
             sched.step()
-            total += float(loss) * len(idx)
+            total += float(loss.detach()) * len(idx)
             correct += int((logits.argmax(1) == y[idx]).sum())
         stats = {"epoch": epoch + 1, "loss": total / len(y), "train_acc": correct / len(y)}
         print(f"[fedrepro] pretrain epoch {epoch + 1}/{spec['epochs']}: loss {stats['loss']:.4f}, "
