@@ -86,3 +86,21 @@ def test_pretrain_backbone_is_deterministic_and_loadable(root, tmp_path):
     assert all(torch.equal(loaded[k], a[k]) for k in a)
     assert any(not torch.equal(random_init[k], a[k]) for k in a)  # it did train
     assert not any(p.requires_grad for p in model.extractor.backbone.parameters())
+
+
+def test_method_model_and_partition_requirements_are_checked_before_any_job():
+    digits_mlp = {"experiment": "unit", "datasets": {"digits": {}}, "partitions": {"iid": {"partitioner": "iid", "num_clients": 3}},
+                  "methods": {"gcr": {"method": "fedgcr"}}, "seeds": [0], "training": {"rounds": 1}}
+    with pytest.raises(ConfigError, match="methods.gcr.*needs the model prompted_vit.*'mlp'"):
+        resolve_experiment(digits_mlp)
+    digits_mlp["methods"] = {"harmofl": {}}
+    with pytest.raises(ConfigError, match="methods.harmofl.*prompted_vit"):
+        resolve_experiment(digits_mlp)
+    iid = _config({**TINY, "weights": "none"}, dataset="digits", params={})
+    with pytest.raises(ConfigError, match="methods.fedgcr.hparams.num_groups.*'iid'"):
+        resolve_experiment(iid)
+    iid["methods"] = {"fedgcr": {"hparams": {"num_groups": 2}}}
+    assert resolve_experiment(iid)["cells"]
+    no_gc = _config({**TINY, "weights": "none", "gc_net": False})
+    with pytest.raises(ConfigError, match="group_customization.*gc_net"):
+        resolve_experiment(no_gc)

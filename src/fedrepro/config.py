@@ -296,6 +296,7 @@ def resolve_experiment(config: dict) -> dict[str, Any]:
     for part in partitions:
         ds = part["dataset"]
         for label, (method, hp, method_training) in methods.items():
+            METHODS.get(method).check_cell(f"methods.{label}", hp, datasets[ds]["model"], part["spec"])
             # precedence: experiment < dataset < method; an error names the most specific key given
             training = _merge(_merge(base_training, datasets[ds]["training"]), method_training)
             where = (f"methods.{label}.training" if method_training else f"datasets.{ds}.training" if datasets[ds]["training"] else "training")

@@ -97,6 +97,16 @@ class Method:
     shared: ClassVar[tuple[str, ...]] = ("",)  # parameter-name prefixes that are communicated
     has_global: ClassVar[bool] = True  # evaluate a global model
     has_personal: ClassVar[bool] = False  # evaluate a personalized model per client
+    models: ClassVar[tuple[str, ...]] = ()  # the models it needs (a model capability it uses); () = any
+
+    @classmethod
+    def check_cell(cls, where: str, hp: dict[str, Any], model: dict[str, Any], partition: dict[str, Any]) -> None:
+        """Refuse, before any job runs, a method x model x partition that cannot work (ConfigError)."""
+        from ..registry import ConfigError
+
+        if cls.models and model["name"] not in cls.models:
+            raise ConfigError(f"config key '{where}': method '{cls.name}' needs the model {' or '.join(cls.models)}; the "
+                              f"dataset's model is {model['name']!r}; allowed: {', '.join(cls.models)}")
 
     def __init__(self, engine: "Engine", hp: dict[str, Any]):
         self.engine = engine

@@ -96,6 +96,19 @@ class FedGCR(LossWeighted):
         "loss_at": LOSS_AT,
     }
 
+    models = ("prompted_vit",)
+
+    @classmethod
+    def check_cell(cls, where, hp, model, partition):
+        super().check_cell(where, hp, model, partition)
+        if hp["group_customization"] and not model["params"].get("gc_net", True):
+            raise ConfigError(f"config key '{where}.hparams.group_customization' is true but the model has gc_net: false; "
+                              f"allowed: group_customization: false (FedGR only) or the model's gc_net: true")
+        if hp["num_groups"] is None and partition["partitioner"] != "domain":
+            raise ConfigError(f"config key '{where}.hparams.num_groups' is null (T' = the number of client types) but the "
+                              f"partition {partition['partitioner']!r} gives clients no single type; allowed: an explicit "
+                              f"num_groups, or the 'domain' partitioner")
+
     # -- server ---------------------------------------------------------------------------
     def setup(self):
         model = self.engine.model

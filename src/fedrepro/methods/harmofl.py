@@ -31,6 +31,8 @@ class HarmoFL(FedAvg):
         "alpha": Param(0.05, "weight-perturbation radius alpha (HarmoFL and the fedgcr code: 0.05)", float, minimum=0),
     }
 
+    models = ("prompted_vit",)
+
     def setup(self):
         model = self.engine.model
         if not hasattr(model, "use_amp_norm"):
