@@ -59,7 +59,7 @@ def cluster_clients(reps: torch.Tensor, num_groups: int, seed: int, covariance: 
     _, labels = np.unique(labels, return_inverse=True)
     order = list(dict.fromkeys(labels.tolist()))
     labels = np.array([order.index(g) for g in labels], dtype=np.int64)
-    centres = torch.stack([reps[torch.as_tensor(labels == g)].mean(0) for g in range(len(order))])
+    centres = torch.stack([reps[torch.as_tensor(labels == g, device=reps.device)].mean(0) for g in range(len(order))])
     return labels, centres
 
 
