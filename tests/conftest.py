@@ -73,6 +73,28 @@ def make_cell(tiny_partition):
     return make
 
 
+#: A method that needs a particular model (`Method.models`: a model capability it uses) runs the
+#: every-method tests on a tiny one of that model; a method's defaults that the tiny digits
+#: partition cannot satisfy (FedGCR's T' = number of client types: it has none) are set here.
+TINY_MODELS = {
+    "prompted_vit": {"name": "prompted_vit", "params": {
+        "backbone": "vit_tiny_patch16_224", "weights": "none", "resize": False,
+        "backbone_args": {"img_size": 8, "patch_size": 4, "embed_dim": 16, "depth": 1, "num_heads": 2}}},
+}
+TINY_HPARAMS = {"fedgcr": {"num_groups": 2}}
+
+
+def fit_cell_to_method(cell: dict, name: str) -> dict:
+    """`cell` (on the tiny partition) with the model and hyper-parameters method `name` needs there."""
+    from fedrepro.methods import METHODS
+
+    needs = METHODS.get(name).models
+    if needs:
+        cell["model"] = copy.deepcopy(TINY_MODELS[needs[0]])
+    cell["hparams"] = {**cell["hparams"], **TINY_HPARAMS.get(name, {})}
+    return cell
+
+
 def method_engine(tiny_partition, make_cell, name: str, hparams: dict | None = None, **training):
     """An Engine on the tiny partition running method `name` with its defaults overlaid by
     `hparams` (the method tests' common setup)."""

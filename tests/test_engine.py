@@ -20,7 +20,7 @@ from fedrepro.engine.run import train_cell
 from fedrepro.methods import METHODS, Update, weighted_average
 from fedrepro.metrics import STATS
 
-from conftest import REPO
+from conftest import REPO, fit_cell_to_method
 
 
 def engine_for(cell, shards):
@@ -38,6 +38,7 @@ def test_every_method_runs_two_rounds_with_valid_metrics(tiny_partition, make_ce
     cell = make_cell("fedavg")
     method = METHODS.get(label)
     cell.update(method=label, label=label, hparams={k: p.default for k, p in method.hparams.items()})
+    fit_cell_to_method(cell, label)
     m = train_cell(cell, shards, tmp_path, progress=False)
     assert m["status"] == "ok" and m["rounds"] == 2
     n = len(m["clients"]["ids"])

@@ -481,7 +481,7 @@ def test_domainnet_prepare_verifies_extracts_aside_and_renames_into_place(tmp_pa
     files = {"clipart.zip": zpath.read_bytes(), "clipart_train.txt": b"clipart/bird/a.png 0\n",
              "clipart_test.txt": b"clipart/bird/a.png 0\n"}
     pins = {k: (hashlib.md5(v).hexdigest(), len(v)) for k, v in files.items()}
-    monkeypatch.setattr(dom, "DOMAINNET_PINS", {**dom.DOMAINNET_PINS, **pins})
+    monkeypatch.setattr(dom.domainnet, "DOMAINNET_PINS", {**dom.DOMAINNET_PINS, **pins})
     from torchvision.datasets import utils as tvu
 
     monkeypatch.setattr(tvu, "download_url", lambda url, root, filename=None, md5=None: (Path(root) / filename).write_bytes(files[filename]))

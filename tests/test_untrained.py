@@ -15,7 +15,7 @@ from fedrepro.registry import ConfigError
 from fedrepro.report.aggregate import summary_frame
 from fedrepro.report.tables import untrained_note
 
-from conftest import REPO, tiny_config
+from conftest import REPO, fit_cell_to_method, tiny_config
 from test_engine import engine_for
 
 
@@ -24,7 +24,7 @@ def run(make_cell, shards, method, rule):
     cell = make_cell("fedavg", participation=1, rounds=2)
     cell.update(method=method, label=method, hparams={k: p.default for k, p in METHODS.get(method).hparams.items()},
                 evaluation={"untrained": rule})
-    eng = engine_for(cell, shards)
+    eng = engine_for(fit_cell_to_method(cell, method), shards)
     return eng, eng.run()
 
 

@@ -145,6 +145,14 @@ def cmd_train(args) -> None:
     train_cell(cell, args.shards, args.out_dir, args.checkpoint, device=args.device, threads=args.threads)
 
 
+def cmd_pretrain_backbone(args) -> None:
+    from .models.pretrain import pretrain_backbone
+
+    stats = pretrain_backbone(json.loads(args.spec), Path(args.root), Path(args.out), threads=args.threads)
+    print(f"[fedrepro] pretrained backbone -> {args.out} (final loss {stats['loss']:.4f}, acc {stats['train_acc']:.4f})",
+          file=sys.stderr)
+
+
 def cmd_aggregate(args) -> None:
     from .report.aggregate import load_cells, write_curves_csv, write_summary
 
@@ -249,6 +257,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="auto", help="auto (CUDA when present), cpu, cuda, cuda:1, ...")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     p.set_defaults(func=cmd_train)
+
+    p = sub.add_parser("pretrain-backbone", help="pre-train a ViT backbone on a dataset's held-out proxy",
+                       description="Pre-train the backbone of a `prompted_vit` with `weights: proxy` once on the dataset's "
+                       "held-out proxy images and write its state dict to --out (the workflow's pretrain_backbone rule; "
+                       "the spec is the resolved one `fedrepro.config` derives, see models/pretrain.py).")
+    p.add_argument("--spec", required=True, help="resolved pretraining spec as JSON")
+    p.add_argument("--root", required=True, help="the dataset's raw data folder")
+    p.add_argument("--out", required=True, help="checkpoint file to write (atomically)")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    p.set_defaults(func=cmd_pretrain_backbone)
 
     p = sub.add_parser("aggregate", help="collect cells' metrics into summary files", description="Collect metrics.json files "
                        "into a long summary CSV, a nested summary JSON (for dvc metrics) and a curves CSV (for dvc plots).")

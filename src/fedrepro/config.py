@@ -22,6 +22,7 @@ from .data.shards import partition_id, resolve_partition_spec
 from .io import short_hash
 from .methods import METHODS
 from .models import MODELS
+from .models.pretrain import PROXY_WEIGHTS, pretrain_spec
 from .registry import ConfigError, large_budgets_allowed, lift_hint, resolve_params, show
 
 TRAINING_DEFAULTS: dict[str, Any] = {
@@ -247,8 +248,16 @@ def resolve_experiment(config: dict) -> dict[str, Any]:
         if model["name"] not in MODELS:
             raise ConfigError(f"config key 'datasets.{ds}.model.name' has value {model['name']!r}; allowed: {', '.join(MODELS.names())}")
         model_params = resolve_params(f"config key 'datasets.{ds}.model.params'", MODELS.entry(model["name"]).params, model.get("params"))
+        pretrained = None
+        if model_params.get("weights") == PROXY_WEIGHTS:  # a backbone pre-trained once on the dataset's proxy (models/pretrain.py)
+            pretrained = pretrain_spec(ds, params, {"params": model_params}, model.get("pretrain"), f"datasets.{ds}.model")
+            model_params = {**model_params, "weights": pretrained["out"]}
+        elif model.get("pretrain") is not None:
+            raise ConfigError(f"config key 'datasets.{ds}.model.pretrain' is set but the model's weights is "
+                              f"{model_params.get('weights')!r}; allowed: only with weights: {PROXY_WEIGHTS}")
         datasets[ds] = {"params": params, "model": {"name": model["name"], "params": model_params},
-                        "num_classes": spec.num_classes, "prepared_id": short_hash(params, 8), "training": entry.get("training") or {}}
+                        "num_classes": spec.num_classes, "prepared_id": short_hash(params, 8), "training": entry.get("training") or {},
+                        "pretrained": pretrained}
     partitions = []
     for ds, dsinfo in datasets.items():
         for label, p in config["partitions"].items():
@@ -287,6 +296,7 @@ def resolve_experiment(config: dict) -> dict[str, Any]:
     for part in partitions:
         ds = part["dataset"]
         for label, (method, hp, method_training) in methods.items():
+            METHODS.get(method).check_cell(f"methods.{label}", hp, datasets[ds]["model"], part["spec"])
             # precedence: experiment < dataset < method; an error names the most specific key given
             training = _merge(_merge(base_training, datasets[ds]["training"]), method_training)
             where = (f"methods.{label}.training" if method_training else f"datasets.{ds}.training" if datasets[ds]["training"] else "training")

@@ -50,6 +50,28 @@ def summarize(values, weights) -> dict[str, float]:
     }
 
 
+def type_summary(acc, test_sizes, types) -> dict[str, float]:
+    """Metrics for distinct client types (FedGCR, methods.md §5.7), from per-client accuracies:
+
+    * a type's accuracy = accuracy on the pooled test samples of its clients (their test-size
+      weighted mean: FedGCR tests each domain on its whole test set);
+    * avg = mean over types of the type accuracy ("Avg");
+    * sigma_type = std (ddof = 0) over types ("σ_type");
+    * sigma_client = std over clients of their type's accuracy ("σ_client": types weighted by
+      their client counts, as FedGCR's logged values).
+    Clients without a score (NaN) are left out."""
+    v, w, t = (np.asarray(a, dtype=float) for a in (acc, test_sizes, types))
+    ok = ~np.isnan(v) & (w > 0)
+    if not ok.any():
+        return {"avg": math.nan, "sigma_type": math.nan, "sigma_client": math.nan, "num_types": 0}
+    v, w, t = v[ok], w[ok], t[ok]
+    ids = np.unique(t)
+    type_acc = np.array([np.sum(v[t == i] * w[t == i]) / np.sum(w[t == i]) for i in ids])
+    per_client = type_acc[np.searchsorted(ids, t)]
+    return {"avg": float(type_acc.mean()), "sigma_type": float(type_acc.std()), "sigma_client": float(per_client.std()),
+            "num_types": int(len(ids))}
+
+
 def harmonic_mean(p: float, g: float) -> float:
     """2pg / (p + g): GRP-FED's per-client combination of personalization P and
     generalization G (its L is the mean of this over clients); 0 where both are 0."""

@@ -1,6 +1,7 @@
 # Config validation and the helpers that turn an experiment into paths.
 # All checks run here, at parse time: a bad config stops before any job starts.
 import json
+from pathlib import Path
 import os
 import re
 import sys
@@ -45,6 +46,7 @@ wildcard_constraints:
     seed=r"\d+",
     pid=r"[0-9a-f]{10}",
     prepared=r"[0-9a-f]{8}",
+    phash=r"[0-9a-f]{10}",
 
 
 def raw_marker(dataset):
@@ -69,6 +71,19 @@ def cell_json(wildcards):
 
 def cell_shards(wildcards):
     return shard_dir(wildcards.dataset, wildcards.partition)
+
+
+def cell_inputs(wildcards):
+    """The cell's shards, and the pre-trained backbone its model loads (weights: proxy)."""
+    pretrained = EXP["datasets"][wildcards.dataset]["pretrained"]
+    return {"shards": cell_shards(wildcards), **({"backbone": pretrained["out"]} if pretrained else {})}
+
+
+def pretrain_spec_json(wildcards):
+    for ds, info in EXP["datasets"].items():
+        if ds == wildcards.dataset and info["pretrained"] and Path(info["pretrained"]["out"]).stem == wildcards.phash:
+            return json.dumps(info["pretrained"]["spec"], sort_keys=True)
+    raise ValueError(f"no pre-trained backbone {wildcards.phash} of {wildcards.dataset} in this experiment")
 
 
 def run_dir(c):

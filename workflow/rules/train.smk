@@ -1,9 +1,32 @@
 # One training job per cell (dataset x partition x method label x seed).
 
 
+rule pretrain_backbone:
+    input:
+        lambda wc: ancient(raw_marker(wc.dataset)),
+    output:
+        "results/pretrained/{dataset}/{phash}.pt",
+    conda:
+        "../envs/fedrepro.yaml"
+    log:
+        "results/logs/pretrain/{dataset}-{phash}.log",
+    params:
+        spec=pretrain_spec_json,
+        root=lambda wc: f"results/raw/{wc.dataset}",
+    threads: 2
+    resources:
+        mem_mb=8000,
+        runtime=120,
+    message:
+        "pre-training the ViT backbone of {wildcards.dataset} on its held-out proxy ({wildcards.phash})"
+    shell:
+        "fedrepro pretrain-backbone --spec {params.spec:q} --root {params.root:q} --out {output:q} "
+        "--threads {threads} > {log:q} 2>&1"
+
+
 rule train:
     input:
-        cell_shards,
+        unpack(cell_inputs),
     output:
         metrics=f"{OUT}/runs/{{dataset}}/{{partition}}/{{label}}/seed{{seed}}/metrics.json",
         provenance=f"{OUT}/runs/{{dataset}}/{{partition}}/{{label}}/seed{{seed}}/provenance.json",
@@ -26,5 +49,5 @@ rule train:
     message:
         "training cell {wildcards.dataset}/{wildcards.partition}/{wildcards.label}/seed{wildcards.seed}"
     shell:
-        "fedrepro train --cell {params.cell:q} --shards {input:q} --out-dir {params.out_dir:q} "
+        "fedrepro train --cell {params.cell:q} --shards {input.shards:q} --out-dir {params.out_dir:q} "
         "--checkpoint {params.checkpoint:q} --threads {threads} > {log:q} 2>&1"

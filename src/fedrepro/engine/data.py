@@ -34,10 +34,18 @@ class Client:
     val: Split
     state: dict[str, Any] = field(default_factory=dict)
     unseen: bool = False  # held out of training, evaluated after it
+    groups: dict[str, list[int]] = field(default_factory=dict)  # the per-sample group ids it holds (manifest)
 
     @property
     def num_train(self) -> int:
         return len(self.train)
+
+    @property
+    def client_type(self) -> int | None:
+        """The client's type (FedGCR's distinct client types): its domain id when all its samples
+        come from one domain, else None."""
+        ids = self.groups.get("domain") or []
+        return int(ids[0]) if len(ids) == 1 else None
 
 
 def to_split(x: np.ndarray, y: np.ndarray, mean: torch.Tensor, std: torch.Tensor, device: torch.device) -> Split:
@@ -59,8 +67,9 @@ def load_clients(manifest: dict, shards: list[ClientShard], device: torch.device
     clients = []
     for s in shards:
         splits = {name: to_split(s.x[name], s.y[name], mean, std, device) for name in ("train", "test", "val")}
-        unseen = bool(manifest["clients"][s.id].get("unseen", False))
-        clients.append(Client(s.id, splits["train"], splits["test"], splits["val"], unseen=unseen))
+        entry = manifest["clients"][s.id]
+        clients.append(Client(s.id, splits["train"], splits["test"], splits["val"], unseen=bool(entry.get("unseen", False)),
+                              groups=dict(entry.get("groups") or {})))
     return clients
 
 

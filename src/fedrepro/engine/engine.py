@@ -16,7 +16,6 @@ import math
 import resource
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
@@ -25,8 +24,9 @@ import torch
 import torch.nn.functional as F
 
 from ..io import atomic_path, derive_seed, short_hash
-from ..metrics import STATS, accuracy, harmonic_mean, macro_f1, summarize
+from ..metrics import STATS, accuracy, harmonic_mean, macro_f1, summarize, type_summary
 from ..methods import METHODS, Method, Update, payload_bytes, select, weighted_average
+from ..methods.base import Batch, FitResult  # the engine <-> method contract (re-exported here)
 from ..models import SplitModel, build_model
 from .data import AUGMENTATIONS, Client, Split
 
@@ -51,20 +51,6 @@ class TrainingDiverged(RuntimeError):
     def __init__(self, reason: str, round: int):
         super().__init__(reason)
         self.reason, self.round = reason, round
-
-
-@dataclass
-class Batch:
-    x: torch.Tensor
-    y: torch.Tensor
-    features: torch.Tensor
-    logits: torch.Tensor
-
-
-@dataclass
-class FitResult:
-    loss: float  # mean training loss over the samples seen
-    steps: int
 
 
 def lr_at(schedule: dict[str, Any], base_lr: float, round: int) -> float:
@@ -137,8 +123,11 @@ class Engine:
 
     # -- parameters -------------------------------------------------------------------
     def get_params(self, prefixes: Iterable[str] = ("",)) -> dict[str, torch.Tensor]:
-        """A copy of the model's parameters and buffers whose names start with `prefixes`."""
-        return {k: v.detach().clone() for k, v in select(self.model.state_dict(), prefixes).items()}
+        """A copy of the model's parameters and buffers whose names start with `prefixes`; a frozen
+        part (`SplitModel.frozen_prefixes`, a pretrained backbone) is never among them."""
+        frozen = self.model.frozen_prefixes
+        return {k: v.detach().clone() for k, v in select(self.model.state_dict(), prefixes).items()
+                if not (frozen and k.startswith(frozen))}
 
     def set_params(self, params: dict[str, torch.Tensor]) -> None:
         """Copy `params` into the one model object (names not given are left as they are)."""
@@ -542,7 +531,7 @@ class Engine:
         }
         trained = [[r for r in self.trained_in[c.id] if r <= rounds] for c in self.clients]
         return build_metrics(self.cell, self.clients, history, per_round, resources, beyond, self.unseen,
-                             trained, self.untrained_rule)
+                             trained, self.untrained_rule, self.method.report())
 
 
 _NO_SCORE = (math.nan, math.nan)  # accuracy and F1 of a client left out (excluded by the untrained rule)
@@ -602,7 +591,8 @@ def summaries(record: dict, split: str, weights: list[int]) -> dict[str, dict[st
 
 def build_metrics(cell: dict, clients: list[Client], history: list[dict], per_round: dict, resources: dict,
                   beyond: dict | None = None, unseen: list[Client] | None = None,
-                  trained: list[list[int]] | None = None, untrained_rule: str = "personalize") -> dict[str, Any]:
+                  trained: list[list[int]] | None = None, untrained_rule: str = "personalize",
+                  method_report: dict | None = None) -> dict[str, Any]:
     """metrics.json: the last round's per-client scores and aggregates (never the best
     round on test data), curves every k rounds, best-on-validation as an extra; after
     training, the scores on unseen clients and global test sets (`Engine.evaluate_beyond`);
@@ -624,6 +614,12 @@ def build_metrics(cell: dict, clients: list[Client], history: list[dict], per_ro
         final[f"{where}_{kind}"] = {m: _clean(values[m]) for m in ("acc", "f1")}
         for m in ("acc", "f1"):
             summary[f"{where}_{kind}_{m}"] = _clean_stats(summarize(values[m], weights))
+    # Distinct client types (each client holds one domain): Avg, σ_type, σ_client (FedGCR).
+    types = [c.client_type for c in clients]
+    if clients and None not in types:
+        for kind in ("global", "personal"):
+            if final[kind] is not None:
+                summary[f"{kind}_types"] = _clean_stats(type_summary(last[f"test/{kind}"]["acc"], test_sizes, types))
     curves: dict[str, Any] = {"round": [h["round"] for h in history], "train_loss": [h["train_loss"] for h in history]}
     for name in summaries(last, "test", test_sizes):
         curves[name] = {s: _clean([summaries(h, "test", test_sizes)[name][s] for h in history]) for s in STATS}
@@ -648,6 +644,7 @@ def build_metrics(cell: dict, clients: list[Client], history: list[dict], per_ro
                     "untrained_rule": untrained_rule, "scored_by": last.get("scored_by")},
         "final": final,
         "summary": summary,
+        "method": method_report or {},
         "best_val": best_val,
         "curves": curves,
         "train_loss_per_round": per_round["train_loss"],

@@ -18,13 +18,8 @@ Subclasses set `shared` and, where local training is not one joint fit (FedRep),
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-from .base import Params, Update, weighted_average
+from .base import FitResult, Params, Update, weighted_average
 from .fedavg import FedAvg
-
-if TYPE_CHECKING:  # pragma: no cover
-    from ..engine.engine import FitResult
 
 
 class PartialSharing(FedAvg):

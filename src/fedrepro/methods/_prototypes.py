@@ -22,10 +22,10 @@ from torch import nn
 
 from ..registry import Param
 from ._helpers import class_prototypes
+from .base import Batch, Engine
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..engine.data import Client
-    from ..engine.engine import Batch, Engine
 
 Message = dict[str, torch.Tensor]
 

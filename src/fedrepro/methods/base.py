@@ -21,17 +21,61 @@ one shared model object with parameters swapped in.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar, Iterable
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterable, Iterator, Protocol
 
 import torch
 
 from ..registry import Param
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..engine.data import Client
-    from ..engine.engine import Engine
+    from ..engine.data import Client  # a plain data module: it imports no method
 
 Params = dict[str, torch.Tensor]
+
+
+# The contract between the engine and the methods lives here, on the methods' side: the engine
+# imports the methods (to build the configured one), so a method never imports the engine.
+@dataclass
+class Batch:
+    """What a `fit(loss_fn=...)` loss sees for one mini-batch."""
+
+    x: torch.Tensor
+    y: torch.Tensor
+    features: torch.Tensor
+    logits: torch.Tensor
+
+
+@dataclass
+class FitResult:
+    loss: float  # mean training loss over the samples seen
+    steps: int
+
+
+class Engine(Protocol):
+    """The engine's tools a method uses (implemented by `fedrepro.engine.engine.Engine`)."""
+
+    model: torch.nn.Module
+    device: torch.device
+    seed: int
+    clients: list["Client"]
+    training: dict[str, Any]
+    num_classes: int
+    round: int
+    initial_params: Params
+    lr: float
+    augment: Callable[[torch.Tensor, torch.Generator], torch.Tensor] | None
+
+    def client(self, client_id: int) -> "Client": ...
+    def get_params(self, prefixes: Iterable[str] = ("",)) -> Params: ...
+    def set_params(self, params: Params) -> None: ...
+    def generator(self, *keys: int | str) -> torch.Generator: ...
+    def batches(self, client: "Client", **kw: Any) -> Iterator[tuple[torch.Tensor, torch.Tensor]]: ...
+    def optimizer(self, params: Iterable[torch.Tensor], lr: float | None = None) -> torch.optim.Optimizer: ...
+    def fit(self, client: "Client", **kw: Any) -> FitResult: ...
+    def forward_with(self, params: Params, x: torch.Tensor, features: bool = False) -> torch.Tensor: ...
+    def features(self, x: torch.Tensor) -> torch.Tensor: ...
+    def finetune_head(self, params: Params, client: "Client", **kw: Any) -> Params: ...
+    def fit_head(self, z: torch.Tensor, y: torch.Tensor, **kw: Any) -> None: ...
 
 
 @dataclass
@@ -53,6 +97,16 @@ class Method:
     shared: ClassVar[tuple[str, ...]] = ("",)  # parameter-name prefixes that are communicated
     has_global: ClassVar[bool] = True  # evaluate a global model
     has_personal: ClassVar[bool] = False  # evaluate a personalized model per client
+    models: ClassVar[tuple[str, ...]] = ()  # the models it needs (a model capability it uses); () = any
+
+    @classmethod
+    def check_cell(cls, where: str, hp: dict[str, Any], model: dict[str, Any], partition: dict[str, Any]) -> None:
+        """Refuse, before any job runs, a method x model x partition that cannot work (ConfigError)."""
+        from ..registry import ConfigError
+
+        if cls.models and model["name"] not in cls.models:
+            raise ConfigError(f"config key '{where}': method '{cls.name}' needs the model {' or '.join(cls.models)}; the "
+                              f"dataset's model is {model['name']!r}; allowed: {', '.join(cls.models)}")
 
     def __init__(self, engine: "Engine", hp: dict[str, Any]):
         self.engine = engine
@@ -80,6 +134,10 @@ class Method:
 
     def personal_params(self, client: "Client") -> Params | None:
         return None
+
+    def report(self) -> dict[str, Any]:
+        """Method-specific results for metrics.json's `method` entry (FedGCR's clustering accuracy)."""
+        return {}
 
     def personalize_unseen(self, client: "Client") -> Params | None:
         """The personalized model of a client that never took part in training: it receives

@@ -24,13 +24,17 @@ MAX_LAYERS = 64
 
 
 class SplitModel(nn.Module):
-    """`forward(x) = head(extractor(x))`; `features(x)` is the representation."""
+    """`forward(x) = head(extractor(x))`; `features(x)` is the representation.
 
-    def __init__(self, extractor: nn.Module, head: nn.Module, feature_dim: int):
+    `frozen_prefixes` name a part that never trains nor travels (a frozen pretrained backbone):
+    `Engine.get_params` leaves it out, so no method sends or averages it."""
+
+    def __init__(self, extractor: nn.Module, head: nn.Module, feature_dim: int, frozen_prefixes: tuple[str, ...] = ()):
         super().__init__()
         self.extractor = extractor
         self.head = head
         self.feature_dim = feature_dim
+        self.frozen_prefixes = tuple(frozen_prefixes)
 
     def features(self, x: torch.Tensor) -> torch.Tensor:
         return self.extractor(x)
@@ -215,3 +219,7 @@ def build_model(name: str, sample_shape: Sequence[int], num_classes: int, params
     entry = MODELS.entry(name)
     kwargs = resolve_params(f"model '{name}'", entry.params, params)
     return entry.obj(tuple(sample_shape), num_classes, **kwargs)
+
+
+# More models, registered on import.
+from . import prompted_vit as _prompted_vit  # noqa: E402,F401

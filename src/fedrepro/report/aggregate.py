@@ -33,7 +33,13 @@ METRIC_COLUMNS = [f"{m}_{s}" for m in METRICS for s in STATS]
 BESTVAL_COLUMNS = [f"bestval_{m}_weighted_mean" for m in METRICS]
 EXTRA_COLUMNS = ["rounds", "bytes_up_total", "bytes_down_total", "wall_time_s", "peak_rss_mb",
                  "num_clients", "untrained_clients", "untrained_rule"]
-SUMMARY_COLUMNS = [*CELL_KEYS, "status", "failure_reason", "kind", *METRIC_COLUMNS, *BESTVAL_COLUMNS, *EXTRA_COLUMNS]
+#: Distinct client types (metrics.json summary "<kind>_types", FedGCR): Avg over types, σ_type,
+#: σ_client; and the method's clustering accuracy against the true types (FedGCR's Table 3).
+TYPE_COLUMNS = {"type_avg": "avg", "type_sigma": "sigma_type", "client_sigma": "sigma_client"}
+SUMMARY_COLUMNS = [*CELL_KEYS, "status", "failure_reason", "kind", *METRIC_COLUMNS, *BESTVAL_COLUMNS, *EXTRA_COLUMNS,
+                   *TYPE_COLUMNS, "cluster_acc"]
+#: the summary columns a paper table may map a metric to
+TABLE_COLUMNS = [*METRIC_COLUMNS, *BESTVAL_COLUMNS, *TYPE_COLUMNS, "cluster_acc"]
 GROUP = ["dataset", "partition", "label", "kind"]
 JSON_COLUMNS = ("acc_weighted_mean", "acc_mean", "acc_worst10", "acc_std", "f1_mean")
 CURVE_COLUMNS = ["dataset", "partition", "label", "kind", "seed", "round", "metric", "stat", "value"]
@@ -110,6 +116,9 @@ def summary_frame(cells: list[dict]) -> pd.DataFrame:
                 row[f"bestval_{m}_weighted_mean"] = (
                     _num(_get(cell, "best_val", "summary", f"{kind}_{m}", "weighted_mean")) if ok else math.nan
                 )
+            for column, stat in TYPE_COLUMNS.items():
+                row[column] = _num(_get(cell, "summary", f"{kind}_types", stat)) if ok else math.nan
+            row["cluster_acc"] = _num(_get(cell, "method", "cluster_acc")) if ok and kind == "global" else math.nan
             rows.append(row)
     return pd.DataFrame(rows, columns=SUMMARY_COLUMNS)
 

@@ -335,7 +335,7 @@ def _kinds(v: Any, where: str) -> tuple[str, ...] | None:
 
 def resolve_targets(table: Table, mapping: dict | None, inv: Inventory, where: str = "paper_tables") -> dict[tuple, Target]:
     """Layout cell key -> Target for every cell the mapping covers (derived rows excluded)."""
-    from fedrepro.report.aggregate import BESTVAL_COLUMNS, METRIC_COLUMNS
+    from fedrepro.report.aggregate import TABLE_COLUMNS
 
     mapping = dict(mapping or {})
     unknown = sorted(set(mapping) - _MAPPING_KEYS)
@@ -384,9 +384,9 @@ def resolve_targets(table: Table, mapping: dict | None, inv: Inventory, where: s
             v = {"column": v}
         if not isinstance(v, dict) or "column" not in v or set(v) - {"column", "kind"}:
             raise ConfigError(f"config key '{where}.metrics.{mt}' has value {v!r}; allowed: a summary column or {{column, kind}}")
-        if v["column"] not in METRIC_COLUMNS + BESTVAL_COLUMNS:
+        if v["column"] not in TABLE_COLUMNS:
             raise ConfigError(f"config key '{where}.metrics.{mt}.column' has value {v['column']!r}; allowed: "
-                              f"{', '.join(METRIC_COLUMNS + BESTVAL_COLUMNS)}")
+                              f"{', '.join(TABLE_COLUMNS)}")
         metrics[mt] = (v["column"], _kinds(v.get("kind"), f"config key '{where}.metrics.{mt}.kind'"))
     settings_map = mapping.get("settings") or {}
 

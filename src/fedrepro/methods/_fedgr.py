@@ -1,0 +1,95 @@
+"""FedGR, FedGCR's group reweighting (Cheng et al., AAAI 2024, Eq. 3-4, Algorithm 1; methods.md
+§5.3-5.4), one copy of each piece:
+
+* `class_balanced_mean`   h~_k = (1/C_k) sum_c mean_{x in D_c} h_x: every class the client has
+                          counts once, however many samples it has (Eq. 4);
+* `cluster_clients`       GMM clustering of the h~_k into T' groups (scikit-learn, seeded) and
+                          the centres H_t = plain mean of the h~_k assigned to t;
+* `cluster_purity`        clustering accuracy: the share of clients whose true type is the
+                          majority type of their cluster (Table 3);
+* `beta_at`               the beta schedule: paper beta_r = delta (1 - gamma^(r-1)), gamma = 0.5;
+                          code beta_r = delta (1 - 0.9^r);
+* `fedgr_weights`         w_k ∝ p_k (L_k^(1-beta) L~_g(k)^beta)^(q+1), L~_g the data-size
+                          weighted mean loss of group g.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from ..registry import Param
+from ._helpers import class_prototypes
+
+COVARIANCES = ("diag", "full", "spherical", "tied")
+BETA_SCHEDULES = ("paper", "code")
+#: the code's gamma (utils/util.py `communication`: (1 - 0.5) * (1 - 0.9 ** (a_iter + 1)))
+CODE_GAMMA = 0.9
+
+COVARIANCE_PARAM = Param("diag", "[RECON] GMM covariance type. The code uses scikit-learn's default 'full'; with d-dim "
+                                 "representations and only 10-27 clients a full covariance is degenerate, so the "
+                                 "robust default is 'diag' (a documented deviation, methods.md §5.3)", str,
+                         choices=COVARIANCES)
+
+
+def class_balanced_mean(h: torch.Tensor, y: torch.Tensor, num_classes: int) -> torch.Tensor:
+    """h~ = mean over the classes present of the per-class mean of h (Eq. 4)."""
+    means, counts = class_prototypes(h, y, num_classes)
+    present = counts > 0
+    return means[present].mean(0)
+
+
+def cluster_clients(reps: torch.Tensor, num_groups: int, seed: int, covariance: str = "diag",
+                    reg_covar: float = 1e-6) -> tuple[np.ndarray, torch.Tensor]:
+    """GMM(num_groups) fit_predict on the client representations (K, d): (group id per client,
+    centres (G, d)). Empty components are dropped and the ids renumbered 0..G-1 in order of first
+    appearance, so every centre is the mean of at least one client. The fit is in float64 with a
+    fixed random_state (the code leaves it unseeded)."""
+    from sklearn.mixture import GaussianMixture
+
+    x = reps.detach().to("cpu", torch.float64).numpy()
+    k = min(num_groups, len(x))
+    if k <= 1:
+        labels = np.zeros(len(x), dtype=np.int64)
+    else:
+        gmm = GaussianMixture(n_components=k, covariance_type=covariance, reg_covar=reg_covar, random_state=seed % 2**32)
+        labels = gmm.fit_predict(x)
+    _, labels = np.unique(labels, return_inverse=True)
+    order = list(dict.fromkeys(labels.tolist()))
+    labels = np.array([order.index(g) for g in labels], dtype=np.int64)
+    centres = torch.stack([reps[torch.as_tensor(labels == g, device=reps.device)].mean(0) for g in range(len(order))])
+    return labels, centres
+
+
+def cluster_purity(groups: Sequence[int], types: Sequence[int]) -> float:
+    """Share of clients whose type is the majority type of their group (FedGCR Table 3)."""
+    groups, types = np.asarray(groups), np.asarray(types)
+    correct = sum(np.bincount(types[groups == g]).max() for g in np.unique(groups))
+    return float(correct) / len(groups)
+
+
+def beta_at(round: int, schedule: str = "paper", delta: float = 0.5, gamma: float = 0.5) -> float:
+    """beta of (1-based) round r: paper delta (1 - gamma^(r-1)) (Algorithm 1: 0.5 - 0.5 gamma^(r-1),
+    so 0 in round 1); code delta (1 - 0.9^r) (0.05 in round 1; `gamma` is ignored)."""
+    if schedule == "paper":
+        return delta * (1.0 - gamma ** (round - 1))
+    if schedule == "code":
+        return delta * (1.0 - CODE_GAMMA**round)
+    raise ValueError(f"beta schedule {schedule!r}; allowed: {', '.join(BETA_SCHEDULES)}")
+
+
+def fedgr_weights(losses: Sequence[float], sizes: Sequence[float], groups: Sequence[int], beta: float,
+                  q: float) -> torch.Tensor:
+    """w_k = p_k (L_k^(1-beta) L~_g(k)^beta)^(q+1) / normaliser, p_k = n_k / n and
+    L~_g = sum_{k in g} p_k L_k / sum_{k in g} p_k (Eq. 3; the code's data-size weighted group
+    loss, the paper writes the plain mean). Computed in log space (float64)."""
+    loss = torch.as_tensor(losses, dtype=torch.float64).clamp(min=1e-10)
+    p = torch.as_tensor(sizes, dtype=torch.float64)
+    p = p / p.sum()
+    g = torch.as_tensor(np.asarray(groups), dtype=torch.long)
+    group_loss = torch.zeros(int(g.max()) + 1, dtype=torch.float64).index_add_(0, g, p * loss)
+    group_loss = group_loss / torch.zeros_like(group_loss).index_add_(0, g, p)
+    scores = p.log() + (q + 1) * ((1 - beta) * loss.log() + beta * group_loss[g].log())
+    return torch.softmax(scores, 0)

@@ -1,0 +1,235 @@
+"""FedGCR (Cheng, Yeh, Chen, Pastor, Chen, "FedGCR: Achieving Performance and Fairness for Federated
+Learning with Distinct Client Types via Group Customization and Reweighting", AAAI 2024),
+Algorithm 1; methods.md §5. Needs the `prompted_vit` model (frozen ViT, prompts, GC-Net, head).
+
+Round r, every client k (full participation):
+  1. receives theta^(r-1) = {prompts p, GC-Net psi, head phi}, the cluster centres H^(r-1) and its
+     cluster id i (none in round 1), and reports L_k = CE of theta^(r-1) on its train split;
+  2. trains M epochs (AdamW) on
+        CE                                        while H is NULL (round 1, Algorithm 1),
+        CE + lambda1 l_GC + lambda2 l_RA          afterwards, with
+     l_GC (Eq. 7) = CE([cos(h,H_i), cos(h,H_t) t != i, cos(h, h~_prev)] / tau, 0): h = GC-Net(r) is
+          pulled to its own cluster centre, away from the others and its previous representation;
+     l_RA (Eq. 8) = CE([cos(z,z_0), cos(z,z_prev)] / tau, 0): z pulled to the received global
+          model's z_0, away from its own previous model's z_prev (MOON's loss, `moon.py`);
+  3. uploads theta_k, L_k and h~_k = class-balanced mean of h over its train split (Eq. 4).
+The server clusters the h~_k with a GMM into T' groups (centres H^r = plain means), sets
+beta_r = delta (1 - gamma^(r-1)) and theta^r = sum_k w_k theta_k with
+w_k ∝ p_k (L_k^(1-beta) L~_g(k)^beta)^(q+1) (FedGR, Eq. 3; `_fedgr.py`).
+
+Choices (methods.md §5, [RECON] / [PAPER≠CODE]):
+- Loss values: the paper's lambda1 = 0.5, lambda2 = 0.1, tau = 0.5 with cosine similarity (the paper
+  writes a dot product, the code uses cosine). `loss_form: code_compat` gives the code's
+  0.1 (mu_r l_GC + 0.5 l_RA) with mu_r = 0.5 + 0.5 (r-1)/R and no temperature on l_RA.
+- Round 1 is CE only (Algorithm 1); the code's extra CE of the prompt-only model is not added.
+- h~_k is computed with the client's model after local training over its whole train split
+  ([RECON]; the code uses the previous global model on its first 3 batches).
+- GMM: scikit-learn, `covariance` 'diag' by default (the code's 'full' is degenerate with d-dim
+  representations and 10-27 clients), reg_covar 1e-6, random_state derived from the seed and round.
+- L_k is not quantised (the code's Ea_k = int(100 / L_k)); the group loss is data-size weighted (code).
+- One fresh optimizer per round from `training.optimizer` (paper: AdamW, lr 1e-3); the code keeps a
+  per-client AdamW with prompt lr 1e-2 across rounds.
+- Ablations (Table 5): `group_customization: false` is FedGR only: no GC-Net (the model's
+  type prompt stays off, as for the baselines), no l_GC / l_RA; clustering then uses the class-
+  balanced prompt-free CLS embedding r ([RECON]: the paper does not say what FedGR-only clusters);
+  `group_reweighting: false` aggregates with p_k (FedGC only).
+The clustering accuracy against the clients' true types (their domain) is reported per round.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ..io import derive_seed
+from ..registry import ConfigError, Param
+from . import register
+from ._fair import LOSS_AT, LossWeighted, global_loss, mix
+from ._fedgr import (BETA_SCHEDULES, COVARIANCE_PARAM, beta_at, class_balanced_mean, cluster_clients, cluster_purity,
+                     fedgr_weights)
+from .base import Update, select
+from .moon import model_contrastive_loss
+
+MESSAGE = "fedgcr/"  # payload entries that are not model parameters (cluster centres, cluster id)
+LOSS_FORMS = ("paper", "code_compat")
+CODE_W_CON, CODE_RA_WEIGHT = 0.1, 0.5  # the code's w_con and its 0.5 on l_RA
+
+
+def group_contrastive_loss(h: torch.Tensor, centres: torch.Tensor, own: int, rep_prev: torch.Tensor | None,
+                           tau: float) -> torch.Tensor:
+    """l_GC (Eq. 7, cosine): CE over [cos(h, H_own), cos(h, H_t) for t != own, cos(h, h~_prev)] / tau, label 0."""
+    order = [own] + [t for t in range(len(centres)) if t != own]
+    refs = centres[order]
+    if rep_prev is not None:
+        refs = torch.cat([refs, rep_prev.unsqueeze(0)])
+    logits = F.cosine_similarity(h.unsqueeze(1), refs.unsqueeze(0).to(h), dim=2, eps=1e-8) / tau
+    return F.cross_entropy(logits, torch.zeros(len(h), dtype=torch.long, device=h.device))
+
+
+@register
+class FedGCR(LossWeighted):
+    name = "fedgcr"
+    summary = ("FedGCR: prompted ViT with GC-Net type prompts, group-contrastive + alignment losses, GMM client groups "
+               "and group-loss reweighted aggregation")
+    paper = "Cheng, Yeh, Chen, Pastor, Chen, AAAI 2024"
+    hparams = {
+        "lambda_gc": Param(0.5, "lambda1, weight of l_GC (paper §Implementation; the code's effective value is 0.05-0.1)",
+                           float, minimum=0),
+        "lambda_ra": Param(0.1, "lambda2, weight of l_RA (paper; the code's effective value is 0.05)", float, minimum=0),
+        "tau": Param(0.5, "temperature tau of l_GC and (paper form) l_RA (paper: 0.5)", float, exclusive_minimum=0),
+        "loss_form": Param("paper", "'paper': CE + lambda1 l_GC + lambda2 l_RA; 'code_compat': the code's "
+                                    "CE + 0.1 (mu_r l_GC + 0.5 l_RA), mu_r = 0.5 + 0.5 (r-1)/R, l_RA without temperature "
+                                    "(lambda_gc / lambda_ra unused)", str, choices=LOSS_FORMS),
+        "group_customization": Param(True, "FedGC's losses l_GC and l_RA (false: the 'FedGR only' ablation)", bool),
+        "group_reweighting": Param(True, "FedGR's group-loss reweighting (false: p_k weights, the 'FedGC only' ablation)",
+                                   bool),
+        "num_groups": Param(None, "T', the GMM's number of client groups; null = the number of client types (domains) of "
+                                  "the federation (paper default)", int, minimum=1, maximum=10_000),
+        "q": Param(1.0, "fairness power q in (L_k^(1-beta) L~_g^beta)^(q+1) (paper: 1)", float, minimum=0),
+        "delta": Param(0.5, "delta in beta_r = delta (1 - gamma^(r-1)) (Algorithm 1: 0.5)", float, minimum=0, maximum=1),
+        "gamma": Param(0.5, "gamma of the paper's beta schedule (paper: 0.5)", float, minimum=0, maximum=1),
+        "beta_schedule": Param("paper", "'paper': beta_r = delta (1 - gamma^(r-1)); 'code': delta (1 - 0.9^r) (the code's "
+                                        "gamma 0.9, beta 0.05 in round 1)", str, choices=BETA_SCHEDULES),
+        "covariance": COVARIANCE_PARAM,
+        "reg_covar": Param(1e-6, "[RECON] GMM reg_covar (scikit-learn's default 1e-6, kept >= 1e-6 for a stable fit)",
+                           float, minimum=1e-6, maximum=1.0),
+        "loss_at": LOSS_AT,
+    }
+
+    models = ("prompted_vit",)
+
+    @classmethod
+    def check_cell(cls, where, hp, model, partition):
+        super().check_cell(where, hp, model, partition)
+        if hp["group_customization"] and not model["params"].get("gc_net", True):
+            raise ConfigError(f"config key '{where}.hparams.group_customization' is true but the model has gc_net: false; "
+                              f"allowed: group_customization: false (FedGR only) or the model's gc_net: true")
+        if hp["num_groups"] is None and partition["partitioner"] != "domain":
+            raise ConfigError(f"config key '{where}.hparams.num_groups' is null (T' = the number of client types) but the "
+                              f"partition {partition['partitioner']!r} gives clients no single type; allowed: an explicit "
+                              f"num_groups, or the 'domain' partitioner")
+
+    # -- server ---------------------------------------------------------------------------
+    def setup(self):
+        model = self.engine.model
+        if not hasattr(model, "use_type_prompt"):
+            raise ConfigError("method 'fedgcr': needs the model 'prompted_vit' (prompts, GC-Net, frozen ViT); allowed "
+                              "model: prompted_vit")
+        model.use_type_prompt(self.hp["group_customization"])  # before the server copies the trainable part
+        super().setup()
+        self.server["cluster_acc"] = []  # [round, accuracy] per round (when the clients' types are known)
+        types = {c.client_type for c in self.engine.clients}
+        if self.hp["num_groups"] is None and None in types:
+            raise ConfigError("method 'fedgcr': key 'num_groups' is null (T' = number of client types) but not every "
+                              "client holds a single domain; allowed: an explicit num_groups, or a 'domain' partition")
+
+    def num_groups(self) -> int:
+        return self.hp["num_groups"] or len({c.client_type for c in self.engine.clients})
+
+    def broadcast(self, client):
+        payload = select(self.server["global"], self.shared)
+        group = self.server.get("group_of", {}).get(client.id)
+        if self.hp["group_customization"] and group is not None:
+            payload[MESSAGE + "centres"] = self.server["centres"]
+            payload[MESSAGE + "group"] = torch.tensor([group])
+        return payload
+
+    def aggregate(self, updates):
+        if not updates:
+            return
+        reps = torch.stack([u.extras["rep"] for u in updates])
+        r = self.engine.round
+        labels, centres = cluster_clients(reps, self.num_groups(), derive_seed(self.engine.seed, "fedgr-gmm", r),
+                                          self.hp["covariance"], self.hp["reg_covar"])
+        self.server["centres"] = centres
+        self.server["group_of"] = {u.client_id: int(g) for u, g in zip(updates, labels)}
+        types = [self.engine.client(u.client_id).client_type for u in updates]
+        if None not in types:
+            self.server["cluster_acc"].append([r, cluster_purity(labels, types)])
+        sizes = self.sizes(updates)
+        if self.hp["group_reweighting"]:
+            beta = beta_at(r, self.hp["beta_schedule"], self.hp["delta"], self.hp["gamma"])
+            weights = fedgr_weights(self.losses(updates), sizes, labels, beta, self.hp["q"])
+        else:
+            weights = torch.as_tensor(sizes, dtype=torch.float64) / sum(sizes)
+        self.server["global"] = {**self.server["global"], **mix(updates, weights)}
+
+    def report(self):
+        acc = self.server.get("cluster_acc") or []
+        return {"cluster_acc": acc[-1][1] if acc else None, "cluster_acc_per_round": acc}
+
+    # -- client ---------------------------------------------------------------------------
+    def local_update(self, client, payload):
+        engine, hp = self.engine, self.hp
+        params = {k: v for k, v in payload.items() if not k.startswith(MESSAGE)}
+        start = global_loss(engine, client, params) if hp["loss_at"] == "start" else None
+        engine.set_params(params)
+        model = engine.model
+        ext = model.extractor
+        trainable = [p for p in model.parameters() if p.requires_grad]
+        opt = engine.optimizer(trainable)
+        customize = hp["group_customization"] and MESSAGE + "centres" in payload
+        if customize:
+            centres, own = payload[MESSAGE + "centres"], int(payload[MESSAGE + "group"][0])
+            ref0 = self._prompt_params(params)
+            prev = self._prompt_params(client.state.get("prev", params))
+            rep_prev = client.state.get("rep")
+            weight_gc, weight_ra, tau_ra = self._loss_weights()
+        model.train()
+        total, seen = torch.zeros((), device=engine.device), 0
+        for x, y in engine.batches(client):
+            tokens = ext.tokens(x)
+            with torch.no_grad():
+                r = ext.cls(tokens)
+            p_bar, h = ext.combined_prompts(r)
+            z = ext.dropout(ext.cls(tokens, p_bar))
+            loss = F.cross_entropy(model.head(z), y)
+            if customize:
+                with torch.no_grad():
+                    z0 = ext.dropout(ext.cls(tokens, ext.combined_prompts(r, *ref0)[0]))
+                    zp = ext.dropout(ext.cls(tokens, ext.combined_prompts(r, *prev)[0]))
+                loss = (loss + weight_gc * group_contrastive_loss(h, centres, own, rep_prev, hp["tau"])
+                        + weight_ra * model_contrastive_loss(z, z0, zp, tau_ra))
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            total += loss.detach() * len(y)
+            seen += len(y)
+        train_loss = float(total) / max(seen, 1)
+        rep = self.client_representation(client)
+        client.state["rep"] = rep
+        client.state["prev"] = engine.get_params(("extractor.",))
+        return self._update(client, train_loss, start, rep)
+
+    def _update(self, client, train_loss, start, rep):
+        return Update(client.id, client.num_train, self.engine.get_params(self.shared),
+                      extras={"rep": rep, "loss": train_loss if start is None else start}, loss=train_loss)
+
+    def _loss_weights(self) -> tuple[float, float, float]:
+        """(weight of l_GC, weight of l_RA, temperature of l_RA) for this round."""
+        hp = self.hp
+        if hp["loss_form"] == "paper":
+            return hp["lambda_gc"], hp["lambda_ra"], hp["tau"]
+        mu_r = 0.5 + 0.5 * (self.engine.round - 1) / self.engine.training["rounds"]
+        return CODE_W_CON * mu_r, CODE_W_CON * CODE_RA_WEIGHT, 1.0
+
+    @staticmethod
+    def _prompt_params(params):
+        """(prompts, GC-Net state) of a parameter dict, the arguments of `combined_prompts`."""
+        gc = {k[len("extractor.gc_net."):]: v for k, v in params.items() if k.startswith("extractor.gc_net.")}
+        return params["extractor.prompts"], (gc or None)
+
+    @torch.no_grad()
+    def client_representation(self, client) -> torch.Tensor:
+        """h~_k: class-balanced mean over the train split of h = GC-Net(r) (of r without a GC-Net),
+        with the model now in place, in eval mode."""
+        ext = self.engine.model.extractor
+        ext.eval()
+        x, y = client.train.x, client.train.y
+        bs = self.engine.training["eval_batch_size"]
+        parts = []
+        for i in range(0, len(y), bs):
+            r = ext.cls(ext.tokens(x[i : i + bs]))
+            h = ext.combined_prompts(r)[1]
+            parts.append(r if h is None else h)
+        return class_balanced_mean(torch.cat(parts), y, self.engine.num_classes)

@@ -1,0 +1,244 @@
+"""FedGCR (methods/fedgcr.py, methods/_fedgr.py), its prompted ViT (models/prompted_vit.py) and the
+metrics for distinct client types, on a tiny 3-domain image set and a 1-block ViT with random weights."""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+
+from fedrepro.data.base import RawDataset
+from fedrepro.data.shards import load_partition, write_partition
+from fedrepro.engine.data import load_clients
+from fedrepro.metrics import type_summary
+from fedrepro.methods._fedgr import beta_at, class_balanced_mean, cluster_clients, cluster_purity, fedgr_weights
+from fedrepro.methods.fedgcr import group_contrastive_loss
+from fedrepro.models import build_model
+
+TINY_VIT = {"backbone": "vit_tiny_patch16_224", "weights": "none", "resize": False, "feature_dropout": 0.0,
+            "backbone_args": {"img_size": 8, "patch_size": 4, "embed_dim": 16, "depth": 1, "num_heads": 2}}
+
+
+def domain_images(n_per_domain: int = 90, seed: int = 0) -> RawDataset:
+    """3 domains of 3x8x8 uint8 images, each with its own colour cast (domain d brightens channel d)."""
+    g = np.random.default_rng(seed)
+    n = 3 * n_per_domain
+    domain = np.repeat(np.arange(3), n_per_domain)
+    y = g.integers(0, 4, n)
+    x = g.integers(0, 100, (n, 3, 8, 8)).astype(np.uint8)
+    x[np.arange(n), domain] += 150
+    x[np.arange(n), :, y, :] = 255  # the label's row lights up: learnable
+    return RawDataset(name="domain_images", x=x, y=y, num_classes=4, official_split=np.zeros(n, np.int8),
+                      mean=(0.5, 0.5, 0.5), std=(0.25, 0.25, 0.25), source="generated in the test", groups={"domain": domain})
+
+
+@pytest.fixture(scope="module")
+def domain_partition(tmp_path_factory):
+    spec = {"dataset": "domain_images", "partitioner": "domain", "num_clients": 4, "seed": 0,
+            "params": {"dif": 2.0}, "split": {"test_fraction": 0.3}}
+    out = tmp_path_factory.mktemp("gcr") / "part"
+    write_partition(domain_images(), spec, out)
+    return out
+
+
+def gcr_engine(domain_partition, make_cell, method="fedgcr", hparams=None, model=None, rounds=2, seed=0):
+    from fedrepro.engine.engine import Engine
+    from fedrepro.methods import METHODS
+
+    cell = copy.deepcopy(make_cell("fedavg", seed=seed))
+    cell["training"].update(rounds=rounds, participation=1.0, batch_size=32, eval_every=1,
+                            optimizer={**cell["training"]["optimizer"], "name": "adamw", "lr": 1e-2, "weight_decay": 0.0})
+    cell["model"] = {"name": "prompted_vit", "params": {**TINY_VIT, **(model or {})}}
+    defaults = {k: p.default for k, p in METHODS.get(method).hparams.items()}
+    cell.update(method=method, label=method, hparams={**defaults, **(hparams or {})})
+    manifest, shards = load_partition(domain_partition)
+    return Engine(cell, manifest, load_clients(manifest, shards, torch.device("cpu")), torch.device("cpu"), progress=False)
+
+
+# -- the prompted ViT ----------------------------------------------------------------------------
+
+def test_backbone_never_changes_and_never_travels(domain_partition, make_cell):
+    for method in ("fedgcr", "fedavg"):
+        engine = gcr_engine(domain_partition, make_cell, method=method, rounds=2)
+        before = {k: v.clone() for k, v in engine.model.state_dict().items()}
+        metrics = engine.run()
+        after = engine.model.state_dict()
+        backbone = [k for k in before if k.startswith("extractor.backbone.")]
+        assert backbone and all(torch.equal(before[k], after[k]) for k in backbone)
+        trainable = {k: v for k, v in engine.model.named_parameters() if v.requires_grad}
+        # FedGCR trains prompts, GC-Net and head; a baseline prompts and head (its GC-Net unused)
+        assert any(k.startswith("extractor.gc_net.") for k in trainable) == (method == "fedgcr")
+        assert all(not torch.equal(before[k], v) for k, v in trainable.items())
+        payload = engine.method.broadcast(engine.clients[0])
+        assert {k for k in payload if not k.startswith("fedgcr/")} == set(trainable)
+        assert set(engine.method.server["global"]) == set(trainable)
+        per_client = sum(v.numel() * v.element_size() for v in trainable.values())
+        assert metrics["communication"]["bytes_down_per_round"][0] == per_client * len(engine.clients)
+        extras = 16 * 4 + 8 if method == "fedgcr" else 0  # h~_k (d = 16 floats) and L_k
+        assert metrics["communication"]["bytes_up_per_round"][0] == (per_client + extras) * len(engine.clients)
+
+
+def test_type_specific_prompt_is_per_sample():
+    torch.manual_seed(0)
+    model = build_model("prompted_vit", (3, 8, 8), 4, TINY_VIT).eval()
+    model.use_type_prompt(True)
+    ext = model.extractor
+    x = torch.randn(3, 3, 8, 8)
+    r = ext.cls(ext.tokens(x))
+    p_bar, h = ext.combined_prompts(r)
+    assert p_bar.shape == (3, 4, 16)
+    for b in range(3):  # p_bar_{b,j} = p_j + GC-Net(r_b): sample b's own h in each of its P slots
+        assert torch.allclose(p_bar[b], ext.prompts + ext.gc_net(r[b]), atol=1e-6)
+    assert not torch.allclose(h[0], h[1])
+    with torch.no_grad():  # a sample's feature does not depend on the other samples of its batch
+        z_batch = model.extractor(x)
+        z_alone = torch.cat([model.extractor(x[b : b + 1]) for b in range(3)])
+        z_other = model.extractor(torch.cat([x[:1], torch.randn(2, 3, 8, 8)]))
+    assert torch.allclose(z_batch, z_alone, atol=1e-5)
+    assert torch.allclose(z_batch[0], z_other[0], atol=1e-5)
+    no_gc = build_model("prompted_vit", (3, 8, 8), 4, {**TINY_VIT, "gc_net": False})
+    assert no_gc.extractor.gc_net is None and not any("gc_net" in k for k in no_gc.state_dict())
+
+
+def test_missing_checkpoint_is_named(tmp_path):
+    missing = tmp_path / "vit.pt"
+    with pytest.raises(FileNotFoundError, match="vit.pt.*pretrain-backbone"):
+        build_model("prompted_vit", (3, 8, 8), 4, {**TINY_VIT, "weights": str(missing)})
+
+
+def test_local_checkpoint_is_loaded(tmp_path):
+    torch.manual_seed(1)
+    source = build_model("prompted_vit", (3, 8, 8), 4, TINY_VIT)
+    torch.save(source.extractor.backbone.state_dict(), tmp_path / "vit.pt")
+    torch.manual_seed(2)
+    loaded = build_model("prompted_vit", (3, 8, 8), 4, {**TINY_VIT, "weights": str(tmp_path / "vit.pt")})
+    a, b = source.extractor.backbone.state_dict(), loaded.extractor.backbone.state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+# -- FedGR ---------------------------------------------------------------------------------------
+
+def test_client_representation_is_class_balanced():
+    h = torch.cat([torch.zeros(9, 2), torch.full((1, 2), 10.0)])
+    y = torch.tensor([0] * 9 + [1])
+    assert torch.allclose(class_balanced_mean(h, y, num_classes=3), torch.full((2,), 5.0))  # not the sample mean 1.0
+
+
+def test_beta_schedules_on_hand_values():
+    assert beta_at(1) == 0.0  # Algorithm 1: 0.5 - 0.5 * 0.5^0
+    assert beta_at(2) == pytest.approx(0.25)
+    assert beta_at(3) == pytest.approx(0.375)
+    assert beta_at(1, "code") == pytest.approx(0.05)  # (1 - 0.5) * (1 - 0.9^1)
+    assert beta_at(2, "code") == pytest.approx(0.5 * (1 - 0.81))
+    assert beta_at(3, delta=0.4, gamma=0.1) == pytest.approx(0.4 * (1 - 0.01))
+
+
+def test_fedgr_weights_on_hand_values():
+    losses, sizes, groups = [1.0, 2.0, 4.0], [1.0, 1.0, 2.0], [0, 0, 1]
+    # p = [.25, .25, .5]; group losses: g0 = (.25*1 + .25*2) / .5 = 1.5, g1 = 4
+    beta, q = 0.5, 1.0
+    raw = [0.25 * (1.0**0.5 * 1.5**0.5) ** 2, 0.25 * (2.0**0.5 * 1.5**0.5) ** 2, 0.5 * (4.0**0.5 * 4.0**0.5) ** 2]
+    expected = torch.tensor(raw, dtype=torch.float64) / sum(raw)
+    assert torch.allclose(fedgr_weights(losses, sizes, groups, beta, q), expected)
+    # beta = 0, q = 0: FedAvg's p_k * L_k / normaliser; beta = 1: the group loss only
+    assert torch.allclose(fedgr_weights(losses, sizes, groups, 0.0, 0.0), torch.tensor([0.25, 0.5, 2.0], dtype=torch.float64) / 2.75)
+    w = fedgr_weights(losses, sizes, groups, 1.0, 0.0)
+    assert w[0] == pytest.approx(w[1].item())
+
+
+def test_clustering_accuracy_on_separable_representations():
+    g = torch.Generator().manual_seed(0)
+    types = [0] * 5 + [1] * 3 + [2] * 2
+    centres = torch.tensor([[10.0, 0, 0], [0, 10.0, 0], [0, 0, 10.0]])
+    reps = centres[types] + 0.1 * torch.randn(len(types), 3, generator=g)
+    labels, found = cluster_clients(reps, 3, seed=0)
+    assert cluster_purity(labels, types) == 1.0
+    assert len(set(labels.tolist())) == 3
+    for k in range(3):  # each centre is the plain mean of its members
+        assert torch.allclose(found[k], reps[torch.as_tensor(labels == k)].mean(0))
+    labels2, _ = cluster_clients(reps, 2, seed=0)  # T' < T: two types share a group
+    assert cluster_purity(labels2, types) < 1.0
+    assert cluster_purity([0, 0, 0, 1, 1, 1], [0, 0, 1, 1, 1, 2]) == pytest.approx(4 / 6)
+
+
+def test_group_contrastive_loss_on_hand_values():
+    h = torch.tensor([[1.0, 0.0]])
+    centres = torch.tensor([[0.0, 1.0], [1.0, 0.0]])  # own = 1: cos 1; other cos 0
+    prev = torch.tensor([-1.0, 0.0])  # cos -1
+    tau = 0.5
+    logits = torch.tensor([1.0, 0.0, -1.0]) / tau
+    expected = -torch.log_softmax(logits, 0)[0]
+    assert group_contrastive_loss(h, centres, 1, prev, tau).item() == pytest.approx(expected.item(), rel=1e-5)
+
+
+# -- the method -----------------------------------------------------------------------------------
+
+def test_fedgcr_clusters_reweights_and_is_deterministic(domain_partition, make_cell):
+    runs = [gcr_engine(domain_partition, make_cell, rounds=3).run() for _ in range(2)]
+    a, b = runs
+    assert a["summary"] == b["summary"] and a["final"] == b["final"]
+    assert a["method"]["cluster_acc"] == 1.0  # colour-cast domains: the GMM finds them
+    assert len(a["method"]["cluster_acc_per_round"]) == 3
+    # the summary's Avg / σ_type / σ_client are those of the final per-client accuracies and domains
+    domains = [0, 0, 1, 2]  # dif 2 over 3 domains: 2, 1, 1 clients
+    expected = type_summary(a["final"]["global"]["acc"], a["clients"]["test_size"], domains)
+    assert a["summary"]["global_types"] == pytest.approx(expected)
+
+
+def test_reweighting_and_customization_change_training(domain_partition, make_cell):
+    def trained(**kw):
+        engine = gcr_engine(domain_partition, make_cell, rounds=2, **kw)
+        metrics = engine.run()
+        return engine.method.server["global"], metrics
+
+    both, _ = trained()
+    gc_only, _ = trained(hparams={"group_reweighting": False})
+    no_losses, _ = trained(hparams={"group_customization": False})
+    gr_only, metrics = trained(hparams={"group_customization": False}, model={"gc_net": False})
+    differs = lambda a, b: any(not torch.allclose(a[k], b[k]) for k in a if k in b)
+    assert differs(both, gc_only) and differs(both, no_losses)
+    assert "extractor.gc_net.0.weight" in both and "extractor.gc_net.0.weight" not in no_losses
+    assert "extractor.gc_net.0.weight" not in gr_only
+    assert metrics["method"]["cluster_acc"] == 1.0  # the prompt-free embedding separates the colour casts too
+    with pytest.raises(Exception, match="gc_net"):
+        gcr_engine(domain_partition, make_cell, model={"gc_net": False}).run()
+
+
+def test_server_mixes_uploads_with_the_fedgr_weights(domain_partition, make_cell):
+    engine = gcr_engine(domain_partition, make_cell, rounds=2)
+    method = engine.method
+    method.setup()
+    engine.round = 2
+    updates = [method.local_update(c, method.broadcast(c)) for c in engine.clients]
+    method.aggregate(updates)
+    labels = [method.server["group_of"][u.client_id] for u in updates]
+    w = fedgr_weights([u.extras["loss"] for u in updates], [u.num_samples for u in updates], labels, beta_at(2), 1.0)
+    for k, v in method.server["global"].items():
+        expected = sum(float(wk) * u.params[k] for wk, u in zip(w, updates))
+        assert torch.allclose(v, expected, atol=1e-6)
+
+
+def test_code_compat_loss_weights(domain_partition, make_cell):
+    engine = gcr_engine(domain_partition, make_cell, rounds=4, hparams={"loss_form": "code_compat"})
+    engine.round = 3
+    w_gc, w_ra, tau_ra = engine.method._loss_weights()
+    assert w_gc == pytest.approx(0.1 * (0.5 + 0.5 * 2 / 4)) and w_ra == pytest.approx(0.05) and tau_ra == 1.0
+    paper = gcr_engine(domain_partition, make_cell).method._loss_weights()
+    assert paper == (0.5, 0.1, 0.5)
+
+
+# -- metrics for distinct client types ---------------------------------------------------------------
+
+def test_type_summary_on_hand_values():
+    acc = [1.0, 0.5, 0.2, 0.4]
+    sizes = [10, 30, 10, 10]
+    types = [0, 0, 1, 2]
+    # type accuracies: t0 = (10 + 15) / 40 = 0.625, t1 = 0.2, t2 = 0.4
+    t = np.array([0.625, 0.2, 0.4])
+    out = type_summary(acc, sizes, types)
+    assert out["avg"] == pytest.approx(t.mean())
+    assert out["sigma_type"] == pytest.approx(t.std())
+    assert out["sigma_client"] == pytest.approx(np.array([0.625, 0.625, 0.2, 0.4]).std())
+    assert out["num_types"] == 3
