@@ -29,6 +29,7 @@ from ..metrics import STATS, accuracy, harmonic_mean, macro_f1, summarize
 from ..methods import METHODS, Method, Update, payload_bytes, select, weighted_average
 from ..models import SplitModel, build_model
 from .data import AUGMENTATIONS, Client, Split
+from .vectorized import ClientFit, compiled_model, fit_many, vectorize_blocker
 
 OPTIMIZERS: dict[str, Callable[..., torch.optim.Optimizer]] = {
     "sgd": lambda params, lr, momentum, weight_decay: torch.optim.SGD(params, lr=lr, momentum=momentum, weight_decay=weight_decay),
@@ -131,6 +132,26 @@ class Engine:
             raise ValueError(f"evaluation.untrained has value {self.untrained_rule!r}; allowed: {', '.join(UNTRAINED_RULES)}")
         self.trained_in = trained_rounds(self.schedule, [c.id for c in self.clients])
         self.initial_params = self.get_params()  # the seeded initialisation: the 'initial' rule's model
+        self.vectorized = self._vectorized()
+        self.compile = self.training.get("compile", False)  # absent in older cells: eager, as before
+        self._compiled: torch.nn.Module | None = None
+        self._streams: dict[int, int] = {}  # per-client batch stream positions of a vectorized round
+
+    def _vectorized(self) -> bool:
+        """Whether rounds run the sampled clients' local updates as one vectorized computation:
+        asked for (`training.vectorize`), the method opts in (its own class sets `vectorized =
+        True`: not inherited, since a subclass may change the local update) and the model allows it."""
+        if not self.training.get("vectorize", False):  # absent in older cells: sequential, as before
+            return False
+        if not type(self.method).__dict__.get("vectorized", False):
+            print(f"[fedrepro] training.vectorize: method {self.cell['method']} has no vectorized local update; "
+                  "running the sequential one", file=sys.stderr)
+            return False
+        blocker = vectorize_blocker(self.model)
+        if blocker is not None:
+            print(f"[fedrepro] training.vectorize: {blocker}; running the sequential local updates", file=sys.stderr)
+            return False
+        return True
 
     def client(self, client_id: int) -> Client:
         return self._by_id[client_id]
@@ -215,13 +236,18 @@ class Engine:
         opt = self.optimizer(params, lr)
         model = self.model
         model.train()
+        # The compiled step replaces the standard forward; a custom loss reads features and logits.
+        forward = self.compiled_forward() if self.compile and loss_fn is None else None
         total = torch.zeros((), device=self.device)
         seen, steps = 0, 0
         try:
             for x, y in self.batches(client, epochs=epochs, batch_size=batch_size, split=split, max_steps=max_steps):
-                feats = model.extractor(x)
-                logits = model.head(feats)
-                loss = F.cross_entropy(logits, y) if loss_fn is None else loss_fn(Batch(x, y, feats, logits))
+                if forward is not None:
+                    loss = F.cross_entropy(forward(x), y)
+                else:
+                    feats = model.extractor(x)
+                    logits = model.head(feats)
+                    loss = F.cross_entropy(logits, y) if loss_fn is None else loss_fn(Batch(x, y, feats, logits))
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
                 if before_step is not None:
@@ -234,6 +260,19 @@ class Engine:
             for p in frozen:
                 p.requires_grad_(True)
         return FitResult(float(total) / max(seen, 1), steps)
+
+    def compiled_forward(self) -> torch.nn.Module:
+        """The model object under `torch.compile` (`training.compile`), built once per cell."""
+        if self._compiled is None:
+            self._compiled = compiled_model(self.model, self.compile, self.device)
+        return self._compiled
+
+    def fit_many(self, clients: list[Client], starts: list[dict[str, torch.Tensor]], **options: Any) -> list[ClientFit]:
+        """`fit` for each of `clients` from its own full parameters `starts[i]`, as one vectorized
+        computation (engine/vectorized.py); `options` are `fit`'s, the same for every client
+        (no `loss_fn`). Returns each client's trained parameters and loss; the model object is
+        left as it was."""
+        return fit_many(self, clients, starts, self._streams, **options)
 
     def forward_with(self, params: dict[str, torch.Tensor], x: torch.Tensor, features: bool = False) -> torch.Tensor:
         """The model object's output (or representation) with `params` in place of its
@@ -498,17 +537,24 @@ class Engine:
             self.round = r
             t1 = time.perf_counter()
             updates, up, down = [], 0, 0
-            for cid in self.schedule[r - 1]:
-                client = self.clients[cid]
-                payload = self.method.broadcast(client)
-                down += payload_bytes(payload)
-                self._stream = 0
-                torch.manual_seed(derive_seed(self.seed, "local-update", r, cid))
-                update = self.method.local_update(client, payload)
+            if self.vectorized:  # all sampled clients' local updates in one computation
+                sampled = [self.clients[cid] for cid in self.schedule[r - 1]]
+                payloads = [self.method.broadcast(c) for c in sampled]
+                down = sum(payload_bytes(p) for p in payloads)
+                self._streams = {}
+                updates = self.method.local_updates(sampled, payloads)
+            for i, cid in enumerate(self.schedule[r - 1]):
+                if not self.vectorized:
+                    client = self.clients[cid]
+                    payload = self.method.broadcast(client)
+                    down += payload_bytes(payload)
+                    self._stream = 0
+                    torch.manual_seed(derive_seed(self.seed, "local-update", r, cid))
+                    updates.append(self.method.local_update(client, payload))
+                update = updates[i]
                 if not math.isfinite(update.loss):
                     raise TrainingDiverged(f"training loss of client {cid} is {update.loss} in round {r} (diverged)", r)
                 up += payload_bytes(update.params) + payload_bytes(update.extras)
-                updates.append(update)
             self.method.aggregate(updates)
             n = sum(u.num_samples for u in updates)
             train_loss = sum(u.loss * u.num_samples for u in updates) / max(n, 1)
