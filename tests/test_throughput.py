@@ -17,21 +17,12 @@ HPARAMS = {"fedrep": {"head_epochs": 1}, "fedbabu": {"finetune_epochs": 1}, "fed
 
 
 def run_rounds(engine, rounds: int) -> list[list]:
-    """The engine's round loop without evaluation (as `Engine.run` trains): per round the uploads."""
+    """The engine's rounds without evaluation: per round the uploads."""
     engine.method.setup()
     out = []
     for r in range(1, rounds + 1):
         engine.round = r
-        if engine.vectorized:
-            sampled = [engine.clients[c] for c in engine.schedule[r - 1]]
-            engine._streams = {}
-            updates = engine.method.local_updates(sampled, [engine.method.broadcast(c) for c in sampled])
-        else:
-            updates = []
-            for cid in engine.schedule[r - 1]:
-                client = engine.clients[cid]
-                engine._stream = 0
-                updates.append(engine.method.local_update(client, engine.method.broadcast(client)))
+        updates, _, _ = engine.train_round(r)
         engine.method.aggregate(updates)
         out.append(updates)
     return out

@@ -518,6 +518,30 @@ class Engine:
         return state["round"], state["history"], state["per_round"]
 
     # -- the loop ------------------------------------------------------------------------------
+    def train_round(self, r: int) -> tuple[list[Update], int, int]:
+        """The local updates of round `r`'s sampled clients (before aggregation), and the bytes
+        sent up and down: one client after another, or all at once where vectorized."""
+        updates, up, down = [], 0, 0
+        if self.vectorized:  # all sampled clients' local updates in one computation
+            sampled = [self.clients[cid] for cid in self.schedule[r - 1]]
+            payloads = [self.method.broadcast(c) for c in sampled]
+            down = sum(payload_bytes(p) for p in payloads)
+            self._streams = {}
+            updates = self.method.local_updates(sampled, payloads)
+        for i, cid in enumerate(self.schedule[r - 1]):
+            if not self.vectorized:
+                client = self.clients[cid]
+                payload = self.method.broadcast(client)
+                down += payload_bytes(payload)
+                self._stream = 0
+                torch.manual_seed(derive_seed(self.seed, "local-update", r, cid))
+                updates.append(self.method.local_update(client, payload))
+            update = updates[i]
+            if not math.isfinite(update.loss):
+                raise TrainingDiverged(f"training loss of client {cid} is {update.loss} in round {r} (diverged)", r)
+            up += payload_bytes(update.params) + payload_bytes(update.extras)
+        return updates, up, down
+
     def run(self) -> dict[str, Any]:
         t = self.training
         rounds = t["rounds"]
@@ -536,25 +560,7 @@ class Engine:
         for r in range(start, rounds + 1):
             self.round = r
             t1 = time.perf_counter()
-            updates, up, down = [], 0, 0
-            if self.vectorized:  # all sampled clients' local updates in one computation
-                sampled = [self.clients[cid] for cid in self.schedule[r - 1]]
-                payloads = [self.method.broadcast(c) for c in sampled]
-                down = sum(payload_bytes(p) for p in payloads)
-                self._streams = {}
-                updates = self.method.local_updates(sampled, payloads)
-            for i, cid in enumerate(self.schedule[r - 1]):
-                if not self.vectorized:
-                    client = self.clients[cid]
-                    payload = self.method.broadcast(client)
-                    down += payload_bytes(payload)
-                    self._stream = 0
-                    torch.manual_seed(derive_seed(self.seed, "local-update", r, cid))
-                    updates.append(self.method.local_update(client, payload))
-                update = updates[i]
-                if not math.isfinite(update.loss):
-                    raise TrainingDiverged(f"training loss of client {cid} is {update.loss} in round {r} (diverged)", r)
-                up += payload_bytes(update.params) + payload_bytes(update.extras)
+            updates, up, down = self.train_round(r)
             self.method.aggregate(updates)
             n = sum(u.num_samples for u in updates)
             train_loss = sum(u.loss * u.num_samples for u in updates) / max(n, 1)
