@@ -5,15 +5,17 @@ from __future__ import annotations
 
 import pytest
 import torch
+import yaml
 
 from fedrepro.engine.vectorized import vectorize_blocker
 from fedrepro.methods import METHODS
 
-from conftest import method_engine
+from conftest import REPO, method_engine
 
-VECTORIZED = ["fedavg", "fedprox", "fedper", "fedrep", "fedbabu", "ditto", "lg_fedavg", "fedavg_ft"]
+VECTORIZED = ["fedavg", "fedprox", "fedper", "fedrep", "fedbabu", "ditto", "lg_fedavg", "fedavg_ft", "fedprox_ft"]
 # Small hparams keep the per-method runs short; FedRep runs both of its phases.
-HPARAMS = {"fedrep": {"head_epochs": 1}, "fedbabu": {"finetune_epochs": 1}, "fedavg_ft": {"ft_epochs": 1}}
+HPARAMS = {"fedrep": {"head_epochs": 1}, "fedbabu": {"finetune_epochs": 1}, "fedavg_ft": {"ft_epochs": 1},
+           "fedprox_ft": {"ft_epochs": 1}}
 
 
 def run_rounds(engine, rounds: int) -> list[list]:
@@ -122,3 +124,26 @@ def test_compiled_step_falls_back_for_a_custom_loss(tiny_partition, make_cell):
     engine = method_engine(tiny_partition, make_cell, "moon", compile="aot_eager")
     run_rounds(engine, 1)
     assert engine._compiled is None
+
+
+def test_slurm_packed_profile_groups_training_cells_onto_one_gpu(tmp_path):
+    """slurm-packed: the training cells become group jobs (one submission each), and each cell
+    asks for no GPU of its own while the group asks for one via the (unsummed) gres string."""
+    from test_workflow import TEST_CONFIG, snakemake
+
+    profile = REPO / "workflow" / "profiles" / "slurm-packed"
+    cfg = yaml.safe_load((profile / "config.yaml").read_text())
+    assert cfg["groups"] == ["train=train_pack"] and cfg["group-components"][0].startswith("train_pack=")
+    assert cfg["set-resources"]["train"]["gpu"] == 0 and cfg["set-resources"]["train"]["gres"] == "gpu:1"
+    proc = snakemake("-n", "--configfile", str(TEST_CONFIG), "--workflow-profile", str(profile), cwd=tmp_path)
+    text = proc.stdout + proc.stderr
+    cells = [line for line in text.splitlines() if ": training cell " in line]
+    assert len(cells) == 12 and all(line.startswith("    ") for line in cells)  # each listed inside a group job
+    assert 2 <= text.count("Group job train_pack") < 12  # fewer submissions than cells
+
+
+def test_local_profile_limits_training_jobs_by_gpu_slots():
+    cfg = yaml.safe_load((REPO / "workflow" / "profiles" / "local" / "config.yaml").read_text())
+    assert cfg["resources"] == {"gpu_slots": 1}
+    rule = (REPO / "workflow" / "rules" / "train.smk").read_text()
+    assert "gpu_slots=1" in rule
