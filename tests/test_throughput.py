@@ -147,3 +147,49 @@ def test_local_profile_limits_training_jobs_by_gpu_slots():
     assert cfg["resources"] == {"gpu_slots": 1}
     rule = (REPO / "workflow" / "rules" / "train.smk").read_text()
     assert "gpu_slots=1" in rule
+
+
+@pytest.fixture(scope="module")
+def conv_partition(tmp_path_factory):
+    """A tiny image partition (3 clients, 1x16x16 random images) for the conv model fedavg_cnn."""
+    import dataclasses
+
+    import numpy as np
+
+    from fedrepro.config import resolve_experiment
+    from fedrepro.data.shards import load_partition, write_partition
+
+    from conftest import random_images
+
+    raw = random_images(240)
+    g = np.random.default_rng(0)
+    raw = dataclasses.replace(raw, x=g.integers(0, 256, (240, 1, 16, 16), dtype=np.uint8))
+    exp = resolve_experiment({
+        "experiment": "conv", "datasets": {"fmnist": {"model": {"name": "fedavg_cnn", "params": {"hidden": 16}}}},
+        "partitions": {"iid": {"partitioner": "iid", "num_clients": 3, "seed": 0}},
+        "methods": {"fedavg": {}}, "seeds": [0], "training": {"rounds": 1, "batch_size": 16}})
+    out = tmp_path_factory.mktemp("conv") / exp["partitions"][0]["id"]
+    write_partition(raw, exp["partitions"][0]["spec"], out)
+    return exp["cells"][0], *load_partition(out)
+
+
+def test_channels_last_keeps_the_values_and_trains_alike(conv_partition):
+    from fedrepro.engine.data import load_clients
+    from fedrepro.engine.engine import Engine
+
+    base, manifest, shards = conv_partition
+    engines = {}
+    for layout in (False, True):
+        cell = {**base, "training": {**base["training"], "channels_last": layout}}
+        engines[layout] = Engine(cell, manifest, load_clients(manifest, shards, torch.device("cpu")), torch.device("cpu"),
+                                 progress=False)
+    conv = engines[True].model.extractor[3].weight  # 32 input channels (with 1 the layouts coincide)
+    assert conv.is_contiguous(memory_format=torch.channels_last) and not conv.is_contiguous()
+    assert engines[True].initial_params.keys() == engines[False].initial_params.keys()
+    for k, v in engines[False].initial_params.items():
+        assert torch.equal(v, engines[True].initial_params[k])  # the same seeded initialisation
+    default, nhwc = run_rounds(engines[False], 1)[0], run_rounds(engines[True], 1)[0]
+    for u, v in zip(default, nhwc):
+        assert v.loss == pytest.approx(u.loss, rel=1e-5)
+        assert_close_params(u.params, v.params)
+    assert any(not torch.equal(v, engines[True].initial_params[k]) for k, v in engines[True].method.server["global"].items())
