@@ -5,7 +5,8 @@ and (--split) where each method's round goes.
     .venv/bin/python benchmarks/gpu_throughput.py                                  # GPU if present, else CPU
     .venv/bin/python benchmarks/gpu_throughput.py --fraction 0.1 --rounds 2 --threads 1   # a short CPU run
     .venv/bin/python benchmarks/gpu_throughput.py --paths sequential vectorized compiled --clients 20 100 --batch 10 64
-    .venv/bin/python benchmarks/gpu_throughput.py --split fedavg ditto fedper apfl fedproto --clients 20 --batch 10
+    .venv/bin/python benchmarks/gpu_throughput.py --split fedavg ditto fedper apfl fedproto --clients 20 --batch 10 \
+        --paths sequential channels_last
 
 Data and protocol: Fashion-MNIST, PFLlib's Dir(0.1) partition (the partition of
 benchmarks/parity_pfllib.py: `dirichlet`, self-balancing, min_partition_size 40, seed 1,
@@ -18,8 +19,9 @@ Rows, all in one process on the same device and client tensors:
   round), rounds/s and samples/s of its training time. Paths: `sequential` (the default:
   one client after another, eager), `vectorized` (`training.vectorize: true`: the sampled
   clients' steps as one vmap computation), `compiled` (`training.compile: true`:
-  torch.compile of the step, CUDA graphs on a GPU; the first round, which compiles, is
-  excluded: warm-up round 0 is run and discarded for every path).
+  torch.compile of the step, CUDA graphs on a GPU), `channels_last`
+  (`training.channels_last: true`: NHWC convolution weights). A warm-up round (it compiles
+  where compiling) is run first and not timed, for every path.
 * centralized: a plain loop over the pooled train data of all clients, same model, batch
   size and optimizer: the throughput the hardware gives this model at this batch size.
 * ratio = engine samples/s / centralized samples/s (goal on a GPU at batch 10: >= 3 for
@@ -32,7 +34,8 @@ Rows, all in one process on the same device and client tensors:
   cudaStreamSynchronize, blocking cudaMemcpy; 0 on the CPU) and host (the rest of the wall
   time: Python, dispatch, launches).
 
---split M ...: per method, one row of seconds per round split into training steps
+--split M ...: per method (and per --paths, default sequential: interleaved, so the paths of
+a method see the same machine load), one row of seconds per round split into training steps
 (`Engine.fit`/`fit_many`), extra passes (`features`, `fit_head`, `forward_with`), parameter
 copies (`get_params`/`set_params`), evaluation predictions (`predict`, `_probs`),
 personalization inside the evaluation (fits and copies there) and the rest (method logic,
@@ -74,7 +77,8 @@ from fedrepro.engine.run import pick_device, set_determinism  # noqa: E402
 from fedrepro.io import derive_seed  # noqa: E402
 from fedrepro.models import build_model  # noqa: E402
 
-PATHS = {"sequential": {}, "vectorized": {"vectorize": True}, "compiled": {"compile": True}}
+PATHS = {"sequential": {}, "vectorized": {"vectorize": True}, "compiled": {"compile": True},
+         "channels_last": {"channels_last": True}}
 SYNC_EVENTS = ("cudaDeviceSynchronize", "cudaStreamSynchronize", "cudaMemcpy", "cudaEventSynchronize")
 
 
@@ -263,8 +267,8 @@ def instrument(device: torch.device):
             setattr(Engine, name, fn)
 
 
-def split_row(args, manifest, shards, device, clients: int, batch: int, method: str) -> dict:
-    cell = experiment(clients, args.fraction, batch, args.rounds, method=method, eval_every=1)["cells"][0]
+def split_row(args, manifest, shards, device, clients: int, batch: int, method: str, path: str) -> dict:
+    cell = experiment(clients, args.fraction, batch, args.rounds, method=method, eval_every=1, **PATHS[path])["cells"][0]
     engine = Engine(cell, manifest, load_clients(manifest, shards, device), device, progress=False)
     with instrument(device) as times:
         t0 = time.perf_counter()
@@ -272,7 +276,7 @@ def split_row(args, manifest, shards, device, clients: int, batch: int, method: 
         wall = time.perf_counter() - t0
     per_round = {k: v / args.rounds for k, v in times.items()}
     per_round["other"] = max(wall / args.rounds - sum(per_round.values()), 0.0)
-    return {"row": f"split/{method}", "clients": clients, "batch": batch, "s_per_round": wall / args.rounds,
+    return {"row": f"split/{method}/{path}", "clients": clients, "batch": batch, "s_per_round": wall / args.rounds,
             "train_s_per_round": res["train_time_s"] / args.rounds, "eval_s_per_round": res["eval_time_s"] / args.rounds,
             **{f"{k} s": v for k, v in sorted(per_round.items())}}
 
@@ -316,7 +320,8 @@ def main(argv: list[str] | None = None) -> None:
         for batch in args.batch:
             if args.split:
                 for method in args.split:
-                    rows.append(split_row(args, manifest, shards, device, clients, batch, method))
+                    for path in args.paths or ["sequential"]:  # interleaved: the paths of a method see the same load
+                        rows.append(split_row(args, manifest, shards, device, clients, batch, method, path))
                     print(f"[throughput] {rows[-1]['row']} clients {clients} batch {batch} done", file=sys.stderr)
                 continue
             central = central_row(args, manifest, shards, device, clients, batch)
