@@ -194,18 +194,17 @@ def _stage(per_client: list[list[tuple[torch.Tensor, torch.Tensor]]], c0: int, c
     w = torch.zeros((c1 - c0, k, width), dtype=sample.dtype, device=device)
     for i, batches in enumerate(per_client):
         part = batches[c0:c1]
-        full = 0  # the leading full-width batches: one stacked copy
-        while full < len(part) and len(part[full][1]) == width:
-            full += 1
+        full = [j for j, (_, yb) in enumerate(part) if len(yb) == width]  # one stacked copy for all of them
         if full:
-            x[:full, i] = torch.stack([xb for xb, _ in part[:full]])
-            y[:full, i] = torch.stack([yb for _, yb in part[:full]])
-            w[:full, i] = 1
-        for j in range(full, len(part)):  # a short last batch (and any after it)
-            xb, yb = part[j]
-            x[j, i, : len(yb)] = xb
-            y[j, i, : len(yb)] = yb
-            w[j, i, : len(yb)] = 1
+            at = torch.tensor(full, device=device)
+            x[at, i] = torch.stack([part[j][0] for j in full])
+            y[at, i] = torch.stack([part[j][1] for j in full])
+            w[at, i] = 1
+        for j, (xb, yb) in enumerate(part):  # the short last batch of each epoch
+            if len(yb) < width:
+                x[j, i, : len(yb)] = xb
+                y[j, i, : len(yb)] = yb
+                w[j, i, : len(yb)] = 1
     return x, y, w
 
 
