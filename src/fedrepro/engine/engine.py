@@ -197,7 +197,9 @@ class Engine:
         stop = n - n % batch_size if t["drop_last"] and n >= batch_size else n
         steps = 0
         for _ in range(epochs):
-            perm = torch.randperm(n, generator=g).to(self.device)
+            # non_blocking: no host-device synchronisation between a client's steps (the order is a
+            # fresh pageable CPU tensor, staged by the copy itself); a no-op on the CPU
+            perm = torch.randperm(n, generator=g).to(self.device, non_blocking=True)
             for start in range(0, stop, batch_size):
                 if max_steps is not None and steps >= max_steps:
                     return
@@ -323,7 +325,7 @@ class Engine:
         n = len(y)
         stop = n - n % batch_size if drop_last and n >= batch_size else n
         for _ in range(epochs):
-            perm = torch.randperm(n, generator=g).to(y.device)
+            perm = torch.randperm(n, generator=g).to(y.device, non_blocking=True)
             for start in range(0, stop, batch_size):
                 idx = perm[start : start + batch_size]
                 logits = head(z[idx])
