@@ -485,7 +485,7 @@ def experiment_config(args, runs: list[F]) -> dict:
         "methods": {fedrepro_label(r): {"method": r.method, "hparams": dict(r.hparams),
                                         **({"training": dict(r.training)} if r.training else {})} for r in runs},
         "seeds": list(args.seeds),
-        "training": {"rounds": args.rounds, **FEDREPRO_TRAINING},
+        "training": {"rounds": args.rounds, **FEDREPRO_TRAINING, **json.loads(getattr(args, "fedrepro_training", "{}"))},
     }
 
 
@@ -655,6 +655,8 @@ def main(argv: list[str] | None = None) -> None:
                     help="every client keeps this fraction of its data, class by class (1 = full scale)")
     ap.add_argument("--only", choices=("pfllib", "fedrepro"), default=None, help="run one side only (the table shows what is cached)")
     ap.add_argument("--rerun", choices=("pfllib", "fedrepro", "both"), default=None, help="recompute one side's cached results")
+    ap.add_argument("--fedrepro-training", default="{}", metavar="JSON",
+                    help='extra fedrepro training keys, e.g. \'{"channels_last": true}\' (cached apart: they change the cell)')
     ap.add_argument("--dataset", default="fmnist", help=argparse.SUPPRESS)
     ap.add_argument("--raw-root", default=None, help="raw data folder (default <work>/raw/<dataset>)")
     args = ap.parse_args(argv)

@@ -43,7 +43,8 @@ rule train:
         out_dir=lambda wildcards, output: os.path.dirname(output.metrics),
     threads: 2
     resources:
-        gpu=1,
+        gpu=1,  # SLURM: GPUs of the submitted job (--gpus); the slurm-packed profile packs cells on one
+        gpu_slots=1,  # locally: one of the profile's `gpu_slots` (cells training at once on the GPUs)
         mem_mb=16000,
         runtime=240,
     message:

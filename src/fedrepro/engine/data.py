@@ -84,11 +84,12 @@ def _crop_flip(x: torch.Tensor, g: torch.Generator, padding: int = 4) -> torch.T
     on the batch's device (no per-sample Python loop)."""
     n, c, h, w = x.shape
     padded = torch.nn.functional.pad(x, (padding,) * 4)
-    offsets = torch.randint(0, 2 * padding + 1, (2, n), generator=g).to(x.device)
+    # non_blocking: a fresh pageable CPU tensor is staged at once, so no stream synchronisation per batch
+    offsets = torch.randint(0, 2 * padding + 1, (2, n), generator=g).to(x.device, non_blocking=True)
     rows = (offsets[0][:, None] + torch.arange(h, device=x.device))[:, None, :, None]
     cols = (offsets[1][:, None] + torch.arange(w, device=x.device))[:, None, None, :]
     out = padded[torch.arange(n, device=x.device)[:, None, None, None], torch.arange(c, device=x.device)[None, :, None, None], rows, cols]
-    flip = (torch.rand(n, generator=g) < 0.5).to(x.device)[:, None, None, None]
+    flip = (torch.rand(n, generator=g) < 0.5).to(x.device, non_blocking=True)[:, None, None, None]
     return torch.where(flip, out.flip(-1), out)
 
 

@@ -29,6 +29,7 @@ from ..methods import METHODS, Method, Update, payload_bytes, select, weighted_a
 from ..methods.base import Batch, FitResult  # the engine <-> method contract (re-exported here)
 from ..models import SplitModel, build_model
 from .data import AUGMENTATIONS, Client, Split
+from .vectorized import ClientFit, compiled_model, fit_many, vectorize_blocker
 
 OPTIMIZERS: dict[str, Callable[..., torch.optim.Optimizer]] = {
     "sgd": lambda params, lr, momentum, weight_decay: torch.optim.SGD(params, lr=lr, momentum=momentum, weight_decay=weight_decay),
@@ -108,6 +109,10 @@ class Engine:
         self._pooled_cache: dict[str, torch.Tensor] = {}
         torch.manual_seed(derive_seed(self.seed, "model-init"))
         self.model: SplitModel = build_model(cell["model"]["name"], manifest["sample_shape"], self.num_classes, cell["model"].get("params")).to(device)
+        if self.training.get("channels_last", False):  # absent in older cells: the default layout, as before
+            # NHWC convolution weights: faster CPU (oneDNN) and tensor-core convolutions; the same
+            # initial values, results equal to floating-point tolerance (not bit for bit).
+            self.model.to(memory_format=torch.channels_last)
         self.augment = AUGMENTATIONS[self.training["augment"]]
         entry = METHODS.entry(cell["method"])
         self.method: Method = entry.obj(self, dict(cell["hparams"]))
@@ -117,6 +122,26 @@ class Engine:
             raise ValueError(f"evaluation.untrained has value {self.untrained_rule!r}; allowed: {', '.join(UNTRAINED_RULES)}")
         self.trained_in = trained_rounds(self.schedule, [c.id for c in self.clients])
         self.initial_params = self.get_params()  # the seeded initialisation: the 'initial' rule's model
+        self.vectorized = self._vectorized()
+        self.compile = self.training.get("compile", False)  # absent in older cells: eager, as before
+        self._compiled: torch.nn.Module | None = None
+        self._streams: dict[int, int] = {}  # per-client batch stream positions of a vectorized round
+
+    def _vectorized(self) -> bool:
+        """Whether rounds run the sampled clients' local updates as one vectorized computation:
+        asked for (`training.vectorize`), the method opts in (its own class sets `vectorized =
+        True`: not inherited, since a subclass may change the local update) and the model allows it."""
+        if not self.training.get("vectorize", False):  # absent in older cells: sequential, as before
+            return False
+        if not type(self.method).__dict__.get("vectorized", False):
+            print(f"[fedrepro] training.vectorize: method {self.cell['method']} has no vectorized local update; "
+                  "running the sequential one", file=sys.stderr)
+            return False
+        blocker = vectorize_blocker(self.model)
+        if blocker is not None:
+            print(f"[fedrepro] training.vectorize: {blocker}; running the sequential local updates", file=sys.stderr)
+            return False
+        return True
 
     def client(self, client_id: int) -> Client:
         return self._by_id[client_id]
@@ -161,7 +186,9 @@ class Engine:
         stop = n - n % batch_size if t["drop_last"] and n >= batch_size else n
         steps = 0
         for _ in range(epochs):
-            perm = torch.randperm(n, generator=g).to(self.device)
+            # non_blocking: no host-device synchronisation between a client's steps (the order is a
+            # fresh pageable CPU tensor, staged by the copy itself); a no-op on the CPU
+            perm = torch.randperm(n, generator=g).to(self.device, non_blocking=True)
             for start in range(0, stop, batch_size):
                 if max_steps is not None and steps >= max_steps:
                     return
@@ -204,13 +231,18 @@ class Engine:
         opt = self.optimizer(params, lr)
         model = self.model
         model.train()
+        # The compiled step replaces the standard forward; a custom loss reads features and logits.
+        forward = self.compiled_forward() if self.compile and loss_fn is None else None
         total = torch.zeros((), device=self.device)
         seen, steps = 0, 0
         try:
             for x, y in self.batches(client, epochs=epochs, batch_size=batch_size, split=split, max_steps=max_steps):
-                feats = model.extractor(x)
-                logits = model.head(feats)
-                loss = F.cross_entropy(logits, y) if loss_fn is None else loss_fn(Batch(x, y, feats, logits))
+                if forward is not None:
+                    loss = F.cross_entropy(forward(x), y)
+                else:
+                    feats = model.extractor(x)
+                    logits = model.head(feats)
+                    loss = F.cross_entropy(logits, y) if loss_fn is None else loss_fn(Batch(x, y, feats, logits))
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
                 if before_step is not None:
@@ -223,6 +255,19 @@ class Engine:
             for p in frozen:
                 p.requires_grad_(True)
         return FitResult(float(total) / max(seen, 1), steps)
+
+    def compiled_forward(self) -> torch.nn.Module:
+        """The model object under `torch.compile` (`training.compile`), built once per cell."""
+        if self._compiled is None:
+            self._compiled = compiled_model(self.model, self.compile, self.device)
+        return self._compiled
+
+    def fit_many(self, clients: list[Client], starts: list[dict[str, torch.Tensor]], **options: Any) -> list[ClientFit]:
+        """`fit` for each of `clients` from its own full parameters `starts[i]`, as one vectorized
+        computation (engine/vectorized.py); `options` are `fit`'s, the same for every client
+        (no `loss_fn`). Returns each client's trained parameters and loss; the model object is
+        left as it was."""
+        return fit_many(self, clients, starts, self._streams, **options)
 
     def forward_with(self, params: dict[str, torch.Tensor], x: torch.Tensor, features: bool = False) -> torch.Tensor:
         """The model object's output (or representation) with `params` in place of its
@@ -269,7 +314,7 @@ class Engine:
         n = len(y)
         stop = n - n % batch_size if drop_last and n >= batch_size else n
         for _ in range(epochs):
-            perm = torch.randperm(n, generator=g).to(y.device)
+            perm = torch.randperm(n, generator=g).to(y.device, non_blocking=True)
             for start in range(0, stop, batch_size):
                 idx = perm[start : start + batch_size]
                 logits = head(z[idx])
@@ -468,6 +513,30 @@ class Engine:
         return state["round"], state["history"], state["per_round"]
 
     # -- the loop ------------------------------------------------------------------------------
+    def train_round(self, r: int) -> tuple[list[Update], int, int]:
+        """The local updates of round `r`'s sampled clients (before aggregation), and the bytes
+        sent up and down: one client after another, or all at once where vectorized."""
+        updates, up, down = [], 0, 0
+        if self.vectorized:  # all sampled clients' local updates in one computation
+            sampled = [self.clients[cid] for cid in self.schedule[r - 1]]
+            payloads = [self.method.broadcast(c) for c in sampled]
+            down = sum(payload_bytes(p) for p in payloads)
+            self._streams = {}
+            updates = self.method.local_updates(sampled, payloads)
+        for i, cid in enumerate(self.schedule[r - 1]):
+            if not self.vectorized:
+                client = self.clients[cid]
+                payload = self.method.broadcast(client)
+                down += payload_bytes(payload)
+                self._stream = 0
+                torch.manual_seed(derive_seed(self.seed, "local-update", r, cid))
+                updates.append(self.method.local_update(client, payload))
+            update = updates[i]
+            if not math.isfinite(update.loss):
+                raise TrainingDiverged(f"training loss of client {cid} is {update.loss} in round {r} (diverged)", r)
+            up += payload_bytes(update.params) + payload_bytes(update.extras)
+        return updates, up, down
+
     def run(self) -> dict[str, Any]:
         t = self.training
         rounds = t["rounds"]
@@ -486,18 +555,7 @@ class Engine:
         for r in range(start, rounds + 1):
             self.round = r
             t1 = time.perf_counter()
-            updates, up, down = [], 0, 0
-            for cid in self.schedule[r - 1]:
-                client = self.clients[cid]
-                payload = self.method.broadcast(client)
-                down += payload_bytes(payload)
-                self._stream = 0
-                torch.manual_seed(derive_seed(self.seed, "local-update", r, cid))
-                update = self.method.local_update(client, payload)
-                if not math.isfinite(update.loss):
-                    raise TrainingDiverged(f"training loss of client {cid} is {update.loss} in round {r} (diverged)", r)
-                up += payload_bytes(update.params) + payload_bytes(update.extras)
-                updates.append(update)
+            updates, up, down = self.train_round(r)
             self.method.aggregate(updates)
             n = sum(u.num_samples for u in updates)
             train_loss = sum(u.loss * u.num_samples for u in updates) / max(n, 1)

@@ -17,8 +17,15 @@ from .engine import Engine, TrainingDiverged
 
 
 def pick_device(name: str = "auto") -> torch.device:
+    """"auto": the CPU without CUDA; with several visible GPUs the one with the most free memory,
+    so jobs sharing a machine (the local profile's gpu_slots) spread over its GPUs."""
     if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        if not torch.cuda.is_available():
+            return torch.device("cpu")
+        if torch.cuda.device_count() == 1:
+            return torch.device("cuda")
+        free = [torch.cuda.mem_get_info(i)[0] for i in range(torch.cuda.device_count())]
+        return torch.device("cuda", max(range(len(free)), key=free.__getitem__))
     return torch.device(name)
 
 
@@ -50,6 +57,8 @@ def train_cell(cell: dict, shards_dir: str | Path, out_dir: str | Path, checkpoi
         torch.set_num_threads(threads)
     determinism = set_determinism(cell["training"]["deterministic"])
     dev = pick_device(device)
+    if dev.type == "cuda" and dev.index is not None:
+        torch.cuda.set_device(dev)  # "cuda" and the memory statistics then mean this GPU
     manifest, shards = load_partition(shards_dir)  # refuses shards whose sha256 differs
     if manifest["partition_id"] != cell["partition_id"]:
         raise ValueError(f"{shards_dir}: partition {manifest['partition_id']} is not the cell's partition {cell['partition_id']}")

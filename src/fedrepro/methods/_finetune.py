@@ -39,6 +39,7 @@ def with_head_finetuning(base: type[Method], name: str, summary: str, paper: str
         "paper": paper,
         "hparams": {**base.hparams, **FINETUNE_HPARAMS},
         "has_personal": True,
+        "vectorized": base.__dict__.get("vectorized", False),  # fine-tuning changes evaluation, not the local update
         "personal_params": personal_params,
         "__doc__": f"{base.__name__} followed by per-client head fine-tuning.",
         "__module__": base.__module__,

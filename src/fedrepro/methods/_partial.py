@@ -18,8 +18,13 @@ Subclasses set `shared` and, where local training is not one joint fit (FedRep),
 
 from __future__ import annotations
 
-from .base import FitResult, Params, Update, weighted_average
+from typing import TYPE_CHECKING
+
+from .base import FitResult, Params, Update, select, weighted_average
 from .fedavg import FedAvg
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..engine.vectorized import ClientFit
 
 
 class PartialSharing(FedAvg):
@@ -41,6 +46,17 @@ class PartialSharing(FedAvg):
     def train(self, client) -> FitResult:
         """Joint training of the whole model for the configured local epochs (FedPer, LG-FedAvg)."""
         return self.engine.fit(client)
+
+    def local_updates(self, clients, payloads):
+        # `local_update` of all sampled clients at once (subclasses opt in with `vectorized = True`).
+        fits = self.train_many(clients, [{**self.personal_params(c), **p} for c, p in zip(clients, payloads)])
+        for c, f in zip(clients, fits):
+            c.state["local"] = self.own_part(f.params)
+        return [Update(c.id, c.num_train, select(f.params, self.shared), loss=f.loss) for c, f in zip(clients, fits)]
+
+    def train_many(self, clients, starts) -> list[ClientFit]:
+        """`train` of every client from its start, vectorized (engine.fit_many)."""
+        return self.engine.fit_many(clients, starts)
 
     # -- evaluation -------------------------------------------------------------------
     def personal_params(self, client):

@@ -9,6 +9,9 @@ bookkeeping). A method is one small class that says, like a paper's algorithm bo
 * `broadcast()`     what the server sends a sampled client,
 * `local_update()`  the client's training, returning an `Update` (the upload),
 * `aggregate()`     how the server folds the round's updates into its state,
+* `vectorized`      opt-in (set on the class itself, never inherited): `local_updates()`
+  runs all sampled clients' local updates as one vectorized computation
+  (`engine.fit_many`), used when the config asks for it (`training.vectorize`),
 * `global_params()` / `personal_params()` which models are evaluated
   (`personalize_unseen()`: how a client that never trained gets its personal model).
 
@@ -98,6 +101,9 @@ class Method:
     has_global: ClassVar[bool] = True  # evaluate a global model
     has_personal: ClassVar[bool] = False  # evaluate a personalized model per client
     models: ClassVar[tuple[str, ...]] = ()  # the models it needs (a model capability it uses); () = any
+    # The class's own `local_updates` equals its `local_update` per client (engine/vectorized.py).
+    # Read from the class's own namespace: a subclass that changes the local update must opt in again.
+    vectorized: ClassVar[bool] = False
 
     @classmethod
     def check_cell(cls, where: str, hp: dict[str, Any], model: dict[str, Any], partition: dict[str, Any]) -> None:
@@ -127,6 +133,11 @@ class Method:
     # -- client ---------------------------------------------------------------------
     def local_update(self, client: "Client", payload: Params) -> Update:
         raise NotImplementedError
+
+    def local_updates(self, clients: list["Client"], payloads: list[Params]) -> list[Update]:
+        """`local_update` of every sampled client as one vectorized computation (only called for
+        a method whose class sets `vectorized = True`)."""
+        raise NotImplementedError(f"{self.name} has no vectorized local update")
 
     # -- evaluation -------------------------------------------------------------------
     def global_params(self) -> Params | None:

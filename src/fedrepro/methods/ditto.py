@@ -34,10 +34,20 @@ class Ditto(FedAvg):
                                  int, minimum=1),
     }
     has_personal = True
+    vectorized = True
 
     def local_update(self, client, payload):
         self.train_personal(client, payload)
         return super().local_update(client, payload)  # the global model: plain FedAvg
+
+    def local_updates(self, clients, payloads):
+        # Step 1 for all sampled clients at once (the anchor w^t is the same broadcast for all), then step 2.
+        starts = [client.state.get("v", self.engine.initial_params) for client in clients]
+        fits = self.engine.fit_many(clients, starts, epochs=self.hp["personal_epochs"],
+                                    before_step=proximal_hook(payloads[0], self.hp["lam"]))
+        for client, fit in zip(clients, fits):
+            client.state["v"] = fit.params
+        return super().local_updates(clients, payloads)
 
     def train_personal(self, client, global_params, max_steps=None):
         """Personal epochs on CE from the client's previous v (first time: the initial model),

@@ -29,6 +29,7 @@ class FedBABU(FedAvg):
     paper = "Oh, Kim and Yun, ICLR 2022"
     shared = ("extractor.",)  # the head never changes, so only the extractor travels
     has_personal = True
+    vectorized = True  # FedAvg's vectorized update (extractor only)
     hparams = {
         "finetune_epochs": Param(10, "epochs fine-tuning the whole global model on the client's train split before "
                                      "personalized evaluation (PFLlib fine_tuning_epochs, methods.md §6)", int, minimum=0),

@@ -22,3 +22,4 @@ class FedPer(PartialSharing):
     summary = "FedPer: extractor averaged by FedAvg, head kept by each client; joint local training"
     paper = "Arivazhagan et al., arXiv:1912.00818, 2019"
     shared = ("extractor.",)
+    vectorized = True

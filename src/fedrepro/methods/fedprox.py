@@ -25,6 +25,7 @@ class FedProx(FedAvg):
     name = "fedprox"
     summary = "FedProx: FedAvg whose local steps add the proximal gradient mu * (w - w_global)"
     paper = "Li et al., MLSys 2020"
+    vectorized = True  # FedAvg's vectorized update; the proximal hook broadcasts the shared anchor
     hparams = {
         "mu": Param(0.1, "proximal weight; 0.1 as in FedCRC, on the FedProx paper's grid {0.001, 0.01, 0.1, 1} "
                          "(PFLlib default 0 = FedAvg, FL-bench 1.0; methods.md §6)", float, minimum=0),

@@ -39,6 +39,12 @@ class FedRep(PartialSharing):
                                    "configured local_epochs (PFLlib; the paper's code uses 1)", (int, type(None)), minimum=0),
     }
 
+    vectorized = True
+
     def train(self, client):
         self.engine.fit(client, epochs=self.hp["head_epochs"], trainable=("head.",))
         return self.engine.fit(client, epochs=self.hp["body_epochs"], trainable=self.shared)
+
+    def train_many(self, clients, starts):
+        heads = self.engine.fit_many(clients, starts, epochs=self.hp["head_epochs"], trainable=("head.",))
+        return self.engine.fit_many(clients, [h.params for h in heads], epochs=self.hp["body_epochs"], trainable=self.shared)

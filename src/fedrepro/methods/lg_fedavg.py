@@ -28,3 +28,4 @@ class LGFedAvg(PartialSharing):
     summary = "LG-FedAvg: head averaged by FedAvg, extractor kept by each client; joint local training"
     paper = "Liang et al., arXiv:2001.01523, 2020"
     shared = ("head.",)
+    vectorized = True
