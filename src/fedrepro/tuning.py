@@ -65,7 +65,7 @@ def _check_space(where: str, space: Any, declared: dict[str, Param]) -> dict[str
     """A space {param: [values]}: known parameters, non-empty lists, every value of the right type."""
     if not isinstance(space, dict):
         raise ConfigError(f"config key '{where}' has value {show(space)}; allowed: a mapping parameter -> list of values")
-    allowed = sorted(declared) + ["lr"]
+    allowed = sorted([*declared, "lr"])
     out = {}
     for key, values in space.items():
         if key not in allowed:
@@ -124,7 +124,7 @@ def resolve_tuning(config: dict, methods: dict[str, tuple[str, dict, Any]], decl
                           f"{sorted(methods)}")
     tuning_seeds = t["seeds"] if t["seeds"] is not None else seeds[:1]
     lr_grid = t["lr"] if t["lr"] is not None else default_spaces()["lr"]["values"]
-    _check_space("tuning.lr", {"lr": lr_grid}, {})  # the shared grid: numbers > 0, non-empty
+    _check_space("tuning", {"lr": lr_grid}, {})  # the shared grid: numbers > 0, non-empty
     labels = {}
     for label, (method, _hp, _training) in methods.items():
         if label in t["methods"]:
