@@ -58,11 +58,11 @@ def write_tuning_table(paths: list[str | Path], out_prefix: str | Path) -> list[
 
 def plot_tuning(paths: list[str | Path], out_path: str | Path) -> None:
     """Validation score of every trial against each tuned parameter (one row per method, one panel
-    per parameter; the winner is the star). Log x-axis where a parameter's values span > 10x."""
+    per parameter; the winner is the star). Log x-axis where a parameter's values span >= 10x."""
     sels = [read_json(p) for p in paths]
     sels = sorted(sels, key=lambda s: s["label"])
     ncols = max([len(s["params"]) for s in sels] + [1])
-    fig, axes = plt.subplots(max(1, len(sels)), ncols, figsize=(3.2 * ncols, 2.4 * max(1, len(sels))), squeeze=False)
+    fig, axes = plt.subplots(max(1, len(sels)), ncols, figsize=(max(4.8, 3.2 * ncols), 2.4 * max(1, len(sels)) + 0.4), squeeze=False)
     for ax in axes.flat:
         ax.set_visible(False)
     for row, s in enumerate(sels):
@@ -76,12 +76,12 @@ def plot_tuning(paths: list[str | Path], out_path: str | Path) -> None:
             w = s["winner"]["values"][param]
             ax.scatter([w if numeric else str(w)], [100 * s["winner"]["score"]], marker="*", s=120, color="tab:red", zorder=3)
             positive = [x for x, _ in pts if numeric and x > 0]
-            if numeric and positive and len(positive) == len(pts) and max(positive) / min(positive) > 10:
+            if numeric and positive and len(positive) == len(pts) and max(positive) / min(positive) >= 10:
                 ax.set_xscale("log")
             ax.set_xlabel(param)
             ax.set_ylabel(f"{s['label']}: val acc (%)" if col == 0 else "")
             ax.grid(alpha=0.3)
-    title = f"{sels[0]['dataset']}/{sels[0]['partition']}: validation score per trial (star: selected)" if sels else "no tuning"
-    fig.suptitle(title, fontsize=10)
+    title = f"{sels[0]['dataset']}/{sels[0]['partition']}: validation accuracy per trial\n(star: selected)" if sels else "no tuning"
+    fig.suptitle(title, fontsize=9)
     fig.tight_layout()
     _save(fig, out_path)
