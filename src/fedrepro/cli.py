@@ -56,7 +56,10 @@ def cmd_validate(args) -> None:
         os.environ[ALLOW_LARGE_ENV] = "1"
     for path in args.configs:
         exp = resolve_experiment(load_config(path))
-        print(f"{path}: ok, experiment '{exp['experiment']}': {len(exp['partitions'])} partition(s), {len(exp['cells'])} cell(s)")
+        tuning = (f", {len(exp['tuning_cells'])} tuning trial run(s) for {len(exp['tuning']['labels'])} method label(s)"
+                  if exp["tuning"] else "")
+        print(f"{path}: ok, experiment '{exp['experiment']}': {len(exp['partitions'])} partition(s), {len(exp['cells'])} cell(s)"
+              + tuning)
         for line in untrained_warnings(exp):
             print(f"{path}: warning: {line}", file=sys.stderr)
         for line in paper_table_lines(path, exp):
