@@ -110,6 +110,10 @@ def test_tuning_block_expands_into_trials_and_tuned_final_cells():
     trials = exp["tuning_cells"]
     assert len(trials) == 4 and all(c["validation"] == {"from_train": 0.25} for c in trials)
     assert all(c["training"]["rounds"] == 1 and c["training"]["global_test"] == [] for c in trials)
+    longer = resolve_experiment(tuning_config({"training": {"rounds": 4}}, eval_every=1, global_test=["union"]))
+    assert {(c["training"]["rounds"], c["training"]["eval_every"]) for c in longer["tuning_cells"]} == {(4, 4)}
+    assert all(c["training"]["global_test"] == [] for c in longer["tuning_cells"])
+    assert all(c["training"]["global_test"] == ["union"] for c in longer["cells"])
     assert sorted(c["training"]["optimizer"]["lr"] for c in trials if c["label"] == "fedavg") == [0.01, 0.1]
     assert sorted(c["hparams"]["mu"] for c in trials if c["label"] == "fedprox") == [0.01, 1.0]
     assert exp == resolve_experiment(tuning_config())  # deterministic

@@ -332,9 +332,9 @@ def _tuning_cells(tuning: dict, cells: list[dict], base_training: dict, datasets
             continue
         spec = specs[(ds, part)]
         override = _merge(_merge(_merge(base_training, datasets[ds]["training"]), methods[label][2]), tuning["training"])
-        # Only the last round is scored; extra test-based evaluations have no place in a trial.
-        override = _merge({"eval_every": override.get("rounds", TRAINING_DEFAULTS["rounds"])}, override) \
-            if "eval_every" not in tuning["training"] else override
+        # Only the last round is scored (unless tuning.training says otherwise); test-based extras have no place in a trial.
+        if "eval_every" not in tuning["training"]:
+            override["eval_every"] = override.get("rounds", TRAINING_DEFAULTS["rounds"])
         override["global_test"] = []
         where = "tuning.training"
         t = resolve_training(override, where, spec["num_clients"] - spec["unseen_clients"])
