@@ -78,21 +78,22 @@ def test_selection_metric_stat_model_seeds_and_failed_trials():
     assert record["winner"]["id"] == "tb" and record["metric"]["model_used"] == ["global"]
 
 
-def test_validation_is_carved_from_training_data_and_test_is_untouched(tiny_partition):
+def test_validation_is_carved_from_training_data_and_test_data_never_loaded(tiny_partition):
     manifest, shards = load_partition(tiny_partition[0])
     plain = load_clients(manifest, shards, CPU)
     carved = load_clients(manifest, shards, CPU, val_from_train=0.25, seed=3)
     again = load_clients(manifest, shards, CPU, val_from_train=0.25, seed=3)
     other = load_clients(manifest, shards, CPU, val_from_train=0.25, seed=4)
     for p, c, a, o in zip(plain, carved, again, other):
-        assert torch.equal(p.test.x, c.test.x) and torch.equal(p.test.y, c.test.y)
         assert len(c.train) + len(c.val) == len(p.train) and len(c.val) == round(0.25 * len(p.train))
         rows = {tuple(r) for r in p.train.x.flatten(1).tolist()}
-        assert all(tuple(r) in rows for r in c.val.x.flatten(1).tolist()), "validation rows outside the train split"
-        test_rows = {tuple(r) for r in p.test.x.flatten(1).tolist()}
-        assert not any(tuple(r) in test_rows and tuple(r) not in rows for r in c.val.x.flatten(1).tolist())
+        for split in (c.train, c.val, c.test):  # every row a trial sees comes from the training split
+            assert all(tuple(r) in rows for r in split.x.flatten(1).tolist())
+        assert torch.equal(c.test.x, c.val.x) and torch.equal(c.test.y, c.val.y)  # the test slot holds validation
         assert torch.equal(c.val.x, a.val.x)  # deterministic from (seed, client)
     assert any(not torch.equal(c.val.y, o.val.y) or not torch.equal(c.val.x, o.val.x) for c, o in zip(carved, other))
+    (xt, yt), (xv, yv) = carve_validation(np.arange(50), np.arange(50), 0.2, 0)
+    assert len(yv) == 10 and not set(yv) & set(yt) and sorted([*yt, *yv]) == list(range(50))  # disjoint, complete
     (xt, yt), (xv, yv) = carve_validation(np.arange(2), np.arange(2), 0.01, 0)
     assert len(yt) == 1 and len(yv) == 1  # at least one validation sample, never the whole train split
 
@@ -184,6 +185,7 @@ def test_a_trial_scores_validation_deterministically_and_a_killed_trial_resumes(
     cell["training"]["rounds"] = 3
     full = train_cell(cell, tiny_partition[0], tmp_path / "full", progress=False)
     assert full["summary_val"]["global_acc"]["weighted_mean"] is not None
+    assert full["summary"] == full["summary_val"]  # no test data in a trial: its "test" scores are validation ones
     assert full["clients"]["val_size"] == [len(c.val) for c in load_clients(*load_partition(tiny_partition[0]), CPU,
                                                                              val_from_train=0.25, seed=0)]
     method_cls = METHODS.get("fedprox")

@@ -68,8 +68,10 @@ def carve_validation(x: np.ndarray, y: np.ndarray, fraction: float, seed: int) -
 
 def load_clients(manifest: dict, shards: list[ClientShard], device: torch.device,
                  val_from_train: float | None = None, seed: int = 0) -> list[Client]:
-    """The clients' splits as tensors. `val_from_train`: the client's validation split is carved
-    from its training split (`carve_validation`, seeded by (seed, client)) instead of the shard's."""
+    """The clients' splits as tensors. `val_from_train` (a tuning trial): the client's validation
+    split is carved from its training split (`carve_validation`, seeded by (seed, client)), and the
+    test split is never loaded: its slot holds the validation data too, so nothing a trial computes
+    comes from test data."""
     mean, std = _normaliser(manifest, device)
     clients = []
     for s in shards:
@@ -77,6 +79,7 @@ def load_clients(manifest: dict, shards: list[ClientShard], device: torch.device
         if val_from_train:
             arrays["train"], arrays["val"] = carve_validation(*arrays["train"], val_from_train,
                                                               derive_seed(seed, "tuning-validation", s.id))
+            arrays["test"] = arrays["val"]
         splits = {name: to_split(x, y, mean, std, device) for name, (x, y) in arrays.items()}
         unseen = bool(manifest["clients"][s.id].get("unseen", False))
         clients.append(Client(s.id, splits["train"], splits["test"], splits["val"], unseen=unseen))
