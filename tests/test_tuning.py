@@ -107,7 +107,8 @@ def test_tuning_block_expands_into_trials_and_tuned_final_cells():
     assert set(labels) == {"fedavg", "fedprox"}  # local: an empty space, nothing to tune
     assert [t["values"] for t in labels["fedavg"]["trials"]] == [{"lr": 0.01}, {"lr": 0.1}]
     assert [t["values"] for t in labels["fedprox"]["trials"]] == [{"mu": 0.01}, {"mu": 1.0}]
-    assert {c["label"]: c["tuned"] for c in exp["cells"]} == {"local": False, "fedavg": True, "fedprox": True}
+    assert {c["label"]: c.get("tuned", False) for c in exp["cells"]} == {"local": False, "fedavg": True, "fedprox": True}
+    assert "tuned" not in resolve_experiment(tiny_config())["cells"][0]  # untuned cells as before: no rerun
     trials = exp["tuning_cells"]
     assert len(trials) == 4 and all(c["validation"] == {"from_train": 0.25} for c in trials)
     assert all(c["training"]["rounds"] == 1 and c["training"]["global_test"] == [] for c in trials)
@@ -254,7 +255,7 @@ def test_dag_tunes_selects_then_trains_and_untuned_methods_skip_tuning(tmp_path)
     stats = out[out.index("Job stats:"):].splitlines()
     counts = {w[0]: int(w[1]) for w in map(str.split, stats) if len(w) == 2 and w[1].isdigit()}
     # fedavg (lr: 2 points) and fedprox (mu: 2 points) are tuned; local has nothing to tune
-    assert (counts["tune_trial"], counts["select"], counts["train"]) == (4, 2, 3)
+    assert (counts["tune_trial"], counts["select"], counts["train_tuned"], counts["train"]) == (4, 2, 2, 1)
     assert counts["tuning_table"] == 1 and counts["tuning_plot"] == 1
     assert "--tuned results/unit/tuning/digits/dir/fedprox.json" in out
     assert "--tuned results/unit/tuning/digits/dir/fedavg.json" in out

@@ -309,7 +309,8 @@ def resolve_experiment(config: dict) -> dict[str, Any]:
     tuning = resolve_tuning(config, methods, {m: METHODS.entry(m).params for m, _, _ in methods.values()}, config["seeds"])
     tuning_cells = _tuning_cells(tuning, cells, base_training, datasets, methods, partitions) if tuning else []
     for c in cells:
-        c["tuned"] = bool(tuning) and c["label"] in tuning["labels"]  # hyper-parameters come from the selection
+        if tuning and c["label"] in tuning["labels"]:
+            c["tuned"] = True  # its hyper-parameters come from the selection (`fedrepro train --tuned`)
     if len(cells) + len(tuning_cells) > BUDGETS["cells"] and not large_budgets_allowed():
         raise ConfigError(f"config key 'tuning' expands to {len(tuning_cells):,} tuning cells beside {len(cells):,} final ones; "
                           f"allowed: at most {BUDGETS['cells']:,} in all {lift_hint()}")
@@ -342,7 +343,8 @@ def _tuning_cells(tuning: dict, cells: list[dict], base_training: dict, datasets
         for trial in plan["trials"]:
             for seed in tuning["seeds"]:
                 # (the values were checked against the method's parameters in fedrepro.tuning)
-                cell = apply_values({**base, "seed": seed, "training": t, "tuned": False}, trial["values"])
+                cell = apply_values({k: v for k, v in base.items() if k != "tuned"} | {"seed": seed, "training": t},
+                                    trial["values"])
                 out.append({**cell, "trial": trial["id"], "validation": {"from_train": tuning["val_fraction"]}})
     return out
 

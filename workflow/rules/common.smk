@@ -3,7 +3,6 @@
 import json
 import os
 import re
-import shlex
 import sys
 
 from fedrepro.config import load_experiment, resolve_experiment
@@ -71,19 +70,6 @@ def cell_json(wildcards):
 
 def cell_shards(wildcards):
     return shard_dir(wildcards.dataset, wildcards.partition)
-
-
-def train_inputs(wildcards):
-    """The cell's shards and, for a tuned method, the select rule's JSON (its hyper-parameters)."""
-    key = (wildcards.dataset, wildcards.partition, wildcards.label, wildcards.seed)
-    inputs = {"shards": cell_shards(wildcards)}
-    if CELLS[key]["tuned"]:
-        inputs["tuned"] = selection_json(wildcards.dataset, wildcards.partition, wildcards.label)
-    return inputs
-
-
-def tuned_flag(wildcards, input):
-    return f"--tuned {shlex.quote(input.tuned)}" if "tuned" in input.keys() else ""
 
 
 def run_dir(c):
@@ -197,3 +183,11 @@ def tuning_outputs():
     return [f"{OUT}/tables/tuning.{ext}" for ext in ("csv", "md", "tex")] + [
         f"{OUT}/plots/tuning_{d}_{p}.png" for d, p in panels
     ]
+
+
+TUNED_LABELS = sorted({c["label"] for c in EXP["cells"] if c.get("tuned")})
+
+
+def tuned_selection(wildcards):
+    """The select rule's JSON whose winner a tuned final cell trains with."""
+    return selection_json(wildcards.dataset, wildcards.partition, wildcards.label)

@@ -3,7 +3,7 @@
 
 rule train:
     input:
-        unpack(train_inputs),
+        cell_shards,
     output:
         metrics=f"{OUT}/runs/{{dataset}}/{{partition}}/{{label}}/seed{{seed}}/metrics.json",
         provenance=f"{OUT}/runs/{{dataset}}/{{partition}}/{{label}}/seed{{seed}}/provenance.json",
@@ -15,7 +15,6 @@ rule train:
         f"{OUT}/benchmarks/train/{{dataset}}_{{partition}}_{{label}}_seed{{seed}}.tsv"
     params:
         cell=cell_json,
-        tuned=tuned_flag,
         # Not an output: it must survive a killed job so the rerun resumes from it.
         checkpoint=f"{OUT}/checkpoints/{{dataset}}/{{partition}}/{{label}}/seed{{seed}}.pt",
         out_dir=lambda wildcards, output: os.path.dirname(output.metrics),
@@ -27,5 +26,5 @@ rule train:
     message:
         "training cell {wildcards.dataset}/{wildcards.partition}/{wildcards.label}/seed{wildcards.seed}"
     shell:
-        "fedrepro train --cell {params.cell:q} --shards {input.shards:q} --out-dir {params.out_dir:q} "
-        "--checkpoint {params.checkpoint:q} --threads {threads} {params.tuned} > {log:q} 2>&1"
+        "fedrepro train --cell {params.cell:q} --shards {input:q} --out-dir {params.out_dir:q} "
+        "--checkpoint {params.checkpoint:q} --threads {threads} > {log:q} 2>&1"

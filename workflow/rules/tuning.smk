@@ -1,7 +1,8 @@
 # Hyper-parameter tuning on validation data (config `tuning:`): one training job per trial
 # (dataset x partition x method label x trial x tuning seed) scored on validation carved from
 # each client's training split -> select (every trial's validation score and the winner) ->
-# the final cells of rule train read their hyper-parameters from the selection.
+# the final cells of tuned labels (rule train_tuned: rule train plus the selection) train with
+# the winner; labels with nothing to tune go straight to rule train.
 # Its helpers (paths, specs) live in common.smk.
 
 
@@ -90,3 +91,41 @@ rule tuning_plot:
     localrule: True
     shell:
         "fedrepro tuning-report {input:q} --plot {output:q} > {log:q} 2>&1"
+
+
+if TUNED_LABELS:
+
+    # A tuned label's final cell: rule train's job with the selected hyper-parameters (`--tuned`).
+    # Rule train itself stays unchanged, so adding tuning reruns no existing untuned cell.
+    ruleorder: train_tuned > train
+
+    rule train_tuned:
+        input:
+            shards=cell_shards,
+            tuned=tuned_selection,
+        output:
+            metrics=f"{OUT}/runs/{{dataset}}/{{partition}}/{{label}}/seed{{seed}}/metrics.json",
+            provenance=f"{OUT}/runs/{{dataset}}/{{partition}}/{{label}}/seed{{seed}}/provenance.json",
+        wildcard_constraints:
+            label=_one_of(TUNED_LABELS),
+        conda:
+            "../envs/fedrepro.yaml"
+        log:
+            f"{OUT}/logs/train/{{dataset}}/{{partition}}/{{label}}/seed{{seed}}.log",
+        benchmark:
+            f"{OUT}/benchmarks/train/{{dataset}}_{{partition}}_{{label}}_seed{{seed}}.tsv"
+        params:
+            cell=cell_json,
+            # Not an output: it must survive a killed job so the rerun resumes from it.
+            checkpoint=f"{OUT}/checkpoints/{{dataset}}/{{partition}}/{{label}}/seed{{seed}}.pt",
+            out_dir=lambda wildcards, output: os.path.dirname(output.metrics),
+        threads: 2
+        resources:
+            gpu=1,
+            mem_mb=16000,
+            runtime=240,
+        message:
+            "training tuned cell {wildcards.dataset}/{wildcards.partition}/{wildcards.label}/seed{wildcards.seed}"
+        shell:
+            "fedrepro train --cell {params.cell:q} --shards {input.shards:q} --out-dir {params.out_dir:q} "
+            "--checkpoint {params.checkpoint:q} --threads {threads} --tuned {input.tuned:q} > {log:q} 2>&1"
