@@ -1,4 +1,4 @@
-# fedrepro: partition -> train (one job per cell) -> aggregate -> tables, plots, report.
+# fedrepro: partition -> [tune -> select] -> train (one job per cell) -> aggregate -> tables, plots, report.
 #
 #   snakemake --workflow-profile workflow/profiles/local                     # the default experiment
 #   snakemake --workflow-profile workflow/profiles/local --configfile config/test.yaml
@@ -20,6 +20,7 @@ report: "workflow/report/description.rst"
 
 include: "workflow/rules/common.smk"
 include: "workflow/rules/data.smk"
+include: "workflow/rules/tuning.smk"
 include: "workflow/rules/train.smk"
 include: "workflow/rules/aggregate.smk"
 include: "workflow/rules/papers.smk"

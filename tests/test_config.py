@@ -347,6 +347,16 @@ BAD = [
     ("top-level-list", TextCase("the whole file is `[experiment, test]`", lambda t: "[experiment, test]\n"),
      ["(top level)", "['experiment', 'test']", "allowed", "object"]),
     ("empty-file", TextCase("the file is empty", lambda t: ""), ["(top level)", "None", "allowed", "object"]),
+    # issue 12: the tuning block's search spaces
+    ("tuning-unknown-parameter", _set("tuning", {"methods": {"fedavg": {"mu": [0.1, 1.0]}}}),
+     ["tuning.methods.fedavg.mu", "'mu'", "allowed parameters: lr"]),
+    ("tuning-empty-grid", _set("tuning", {"methods": {"fedavg_ft": {"ft_lr": []}}}),
+     ["tuning.methods.fedavg_ft.ft_lr", "[]", "allowed: a non-empty list"]),
+    ("tuning-wrong-type", _set("tuning", {"methods": {"fedavg_ft": {"ft_epochs": [1, 2.5]}}}),
+     ["tuning.methods.fedavg_ft", "ft_epochs[1]", "2.5", "allowed: int"]),
+    ("tuning-unknown-label", _set("tuning", {"methods": {"ditto": {"lam": [0.1]}}}),
+     ["tuning.methods", "['ditto']", "allowed: the experiment's method labels"]),
+    ("tuning-random-without-samples", _set("tuning", {"search": "random"}), ["tuning.samples", "missing", "allowed"]),
 ]
 
 

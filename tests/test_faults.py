@@ -400,8 +400,9 @@ def dag_jobs(tmp_path: Path, configfile: Path | None) -> list[dict]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("configfile", [REPO / "config" / "test.yaml", None,
-                                        REPO / "config" / "experiments" / "baselines_fmnist.yaml"],
-                         ids=["test.yaml", "default", "baselines_fmnist"])
+                                        REPO / "config" / "experiments" / "baselines_fmnist.yaml",
+                                        REPO / "config" / "experiments" / "baselines_fmnist_tuned_quick.yaml"],
+                         ids=["test.yaml", "default", "baselines_fmnist", "baselines_fmnist_tuned_quick"])
 def test_no_two_jobs_of_the_dag_write_the_same_file(tmp_path, configfile):
     if configfile is not None and not configfile.exists():
         pytest.skip(f"{configfile} is not in this checkout")
@@ -411,7 +412,7 @@ def test_no_two_jobs_of_the_dag_write_the_same_file(tmp_path, configfile):
         ident = f"{job['rule']}#{job['jobid']}"
         paths = [*job["output"], *job["log"], *([job["benchmark"]] if job["benchmark"] else []),
                  *([job["checkpoint"]] if job["checkpoint"] else [])]
-        if job["rule"] == "train":
+        if job["rule"] in ("train", "train_tuned", "tune_trial"):
             assert job["checkpoint"], "a training job without a checkpoint path"
             paths.append(os.path.dirname(job["output"][0]) + "/")  # its --out-dir
         assert len(paths) == len(set(paths)), f"{ident} names a path twice: {paths}"
@@ -428,7 +429,7 @@ def test_no_two_jobs_of_the_dag_write_the_same_file(tmp_path, configfile):
     # one prepare_data job per dataset: results/raw/<dataset>/ (downloads, staging folders) has one writer
     prepared = [j["wildcards"]["dataset"] for j in jobs if j["rule"] == "prepare_data"]
     assert len(prepared) == len(set(prepared)), prepared
-    n_train = sum(j["rule"] == "train" for j in jobs)
+    n_train = sum(j["rule"] in ("train", "train_tuned") for j in jobs)
     if configfile is not None and configfile.name == "test.yaml":
         assert n_train == 12
     assert n_train >= 1

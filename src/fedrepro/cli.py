@@ -36,7 +36,10 @@ def cmd_list(args) -> None:
     elif args.what == "methods":
         from .methods import METHODS
 
-        _print_entries("methods", METHODS, lambda e: [f"paper: {e.info['paper']}"] if e.info.get("paper") else [])
+        from .tuning import default_space_lines
+
+        _print_entries("methods", METHODS, lambda e: ([f"paper: {e.info['paper']}"] if e.info.get("paper") else [])
+                       + default_space_lines(e.name))
     else:
         from .models import MODELS
 
@@ -53,7 +56,10 @@ def cmd_validate(args) -> None:
         os.environ[ALLOW_LARGE_ENV] = "1"
     for path in args.configs:
         exp = resolve_experiment(load_config(path))
-        print(f"{path}: ok, experiment '{exp['experiment']}': {len(exp['partitions'])} partition(s), {len(exp['cells'])} cell(s)")
+        tuning = (f", {len(exp['tuning_cells'])} tuning trial run(s) for {len(exp['tuning']['labels'])} method label(s)"
+                  if exp["tuning"] else "")
+        print(f"{path}: ok, experiment '{exp['experiment']}': {len(exp['partitions'])} partition(s), {len(exp['cells'])} cell(s)"
+              + tuning)
         for line in untrained_warnings(exp):
             print(f"{path}: warning: {line}", file=sys.stderr)
         for line in paper_table_lines(path, exp):
@@ -142,6 +148,18 @@ def cmd_train(args) -> None:
     from .engine.run import train_cell
 
     cell = json.loads(args.cell)
+    if cell.get("tuned") and not args.tuned:
+        raise ConfigError("the cell's hyper-parameters are tuned: pass --tuned <the select rule's JSON>")
+    if args.tuned:
+        from .io import read_json
+        from .tuning import apply_values
+
+        sel = read_json(args.tuned)
+        if (sel["dataset"], sel["partition"], sel["label"]) != (cell["dataset"], cell["partition"], cell["label"]):
+            raise ConfigError(f"--tuned {args.tuned} selects for {sel['dataset']}/{sel['partition']}/{sel['label']}, "
+                              f"not this cell's {cell['dataset']}/{cell['partition']}/{cell['label']}")
+        cell = apply_values(cell, sel["winner"]["values"]) | {"tuned": {"trial": sel["winner"]["id"],
+                                                                        "values": sel["winner"]["values"]}}
     train_cell(cell, args.shards, args.out_dir, args.checkpoint, device=args.device, threads=args.threads)
 
 
@@ -151,6 +169,30 @@ def cmd_pretrain_backbone(args) -> None:
     stats = pretrain_backbone(json.loads(args.spec), Path(args.root), Path(args.out), threads=args.threads)
     print(f"[fedrepro] pretrained backbone -> {args.out} (final loss {stats['loss']:.4f}, acc {stats['train_acc']:.4f})",
           file=sys.stderr)
+
+
+def cmd_select(args) -> None:
+    from .io import read_json, write_json_atomic
+    from .tuning import select_winner
+
+    spec = json.loads(args.spec)
+    runs = [{"trial": r["trial"], "seed": r["seed"], "metrics": read_json(r["metrics"])} for r in spec["runs"]]
+    record = select_winner(spec, runs, spec["metric"])
+    record = {k: spec[k] for k in ("dataset", "partition", "label", "method")} | record
+    write_json_atomic(args.out, record)
+    w = record["winner"]
+    print(f"[fedrepro] {spec['dataset']}/{spec['partition']}/{spec['label']}: selected {w['values']} "
+          f"(validation score {w['score']:.4f}) of {len(record['trials'])} trial(s)", file=sys.stderr)
+
+
+def cmd_tuning_report(args) -> None:
+    from .report.tuning import plot_tuning, write_tuning_table
+
+    if args.table:
+        for path in write_tuning_table(args.selections, args.table):
+            print(path)
+    if args.plot:
+        plot_tuning(args.selections, args.plot)
 
 
 def cmd_aggregate(args) -> None:
@@ -256,6 +298,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--checkpoint", help="checkpoint file (written every training.checkpoint_every rounds)")
     p.add_argument("--device", default="auto", help="auto (CUDA when present), cpu, cuda, cuda:1, ...")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    p.add_argument("--tuned", help="the select rule's JSON: train with its winning hyper-parameters")
     p.set_defaults(func=cmd_train)
 
     p = sub.add_parser("pretrain-backbone", help="pre-train a ViT backbone on a dataset's held-out proxy",
@@ -267,6 +310,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="checkpoint file to write (atomically)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     p.set_defaults(func=cmd_pretrain_backbone)
+
+    p = sub.add_parser("select", help="pick a method's hyper-parameters from its tuning trials",
+                       description="Score every tuning trial by its validation accuracy (never test data) and write "
+                       "every trial's score and the winner to --out.")
+    p.add_argument("--spec", required=True, help="JSON: dataset, partition, label, method, space, trials, metric and "
+                   "runs [{trial, seed, metrics}] (the workflow's select rule writes it)")
+    p.add_argument("--out", required=True)
+    p.set_defaults(func=cmd_select)
+
+    p = sub.add_parser("tuning-report", help="table and plot of the selected hyper-parameters",
+                       description="From select JSON files: a table of the selected values per cell (PREFIX.csv/.md/.tex) "
+                       "and/or a plot of validation score against each tuned parameter.")
+    p.add_argument("selections", nargs="+")
+    p.add_argument("--table", help="output prefix of the table")
+    p.add_argument("--plot", help="output PNG")
+    p.set_defaults(func=cmd_tuning_report)
 
     p = sub.add_parser("aggregate", help="collect cells' metrics into summary files", description="Collect metrics.json files "
                        "into a long summary CSV, a nested summary JSON (for dvc metrics) and a curves CSV (for dvc plots).")

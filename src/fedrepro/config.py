@@ -24,6 +24,7 @@ from .methods import METHODS
 from .models import MODELS
 from .models.pretrain import PROXY_WEIGHTS, pretrain_spec
 from .registry import ConfigError, large_budgets_allowed, lift_hint, resolve_params, show
+from .tuning import apply_values, resolve_tuning
 
 TRAINING_DEFAULTS: dict[str, Any] = {
     "rounds": 10,
@@ -315,7 +316,47 @@ def resolve_experiment(config: dict) -> dict[str, Any]:
         if len(cells) > BUDGETS["cells"] and not large_budgets_allowed():
             raise ConfigError(f"config key '(top level)' expands to more than {BUDGETS['cells']:,} cells (datasets x partitions "
                               f"x methods x seeds); allowed: at most {BUDGETS['cells']:,} {lift_hint()}")
-    return {"experiment": name, "datasets": datasets, "partitions": partitions, "cells": cells}
+    tuning = resolve_tuning(config, methods, {m: METHODS.entry(m).params for m, _, _ in methods.values()}, config["seeds"])
+    tuning_cells = _tuning_cells(tuning, cells, base_training, datasets, methods, partitions) if tuning else []
+    for c in cells:
+        if tuning and c["label"] in tuning["labels"]:
+            c["tuned"] = True  # its hyper-parameters come from the selection (`fedrepro train --tuned`)
+    if len(cells) + len(tuning_cells) > BUDGETS["cells"] and not large_budgets_allowed():
+        raise ConfigError(f"config key 'tuning' expands to {len(tuning_cells):,} tuning cells beside {len(cells):,} final ones; "
+                          f"allowed: at most {BUDGETS['cells']:,} in all {lift_hint()}")
+    return {"experiment": name, "datasets": datasets, "partitions": partitions, "cells": cells,
+            "tuning": tuning, "tuning_cells": tuning_cells}
+
+
+def _tuning_cells(tuning: dict, cells: list[dict], base_training: dict, datasets: dict, methods: dict,
+                  partitions: list[dict]) -> list[dict]:
+    """One cell per (dataset, partition, tuned label, trial, tuning seed): the final cell's setup with
+    the trial's values and the tuning training overrides, scored on validation carved from train."""
+    specs = {(p["dataset"], p["label"]): p["spec"] for p in partitions}
+    firsts = {}
+    for c in cells:
+        firsts.setdefault((c["dataset"], c["partition"], c["label"]), c)
+    out = []
+    for (ds, part, label), base in firsts.items():
+        plan = tuning["labels"].get(label)
+        if plan is None:
+            continue
+        spec = specs[(ds, part)]
+        override = _merge(_merge(_merge(base_training, datasets[ds]["training"]), methods[label][2]), tuning["training"])
+        # Only the last round is scored (unless tuning.training says otherwise); test-based extras have no place in a trial.
+        if "eval_every" not in tuning["training"]:
+            override["eval_every"] = override.get("rounds", TRAINING_DEFAULTS["rounds"])
+        override["global_test"] = []
+        where = "tuning.training"
+        t = resolve_training(override, where, spec["num_clients"] - spec["unseen_clients"])
+        _check_training_budget(where, t)
+        for trial in plan["trials"]:
+            for seed in tuning["seeds"]:
+                # (the values were checked against the method's parameters in fedrepro.tuning)
+                cell = apply_values({k: v for k, v in base.items() if k != "tuned"} | {"seed": seed, "training": t},
+                                    trial["values"])
+                out.append({**cell, "trial": trial["id"], "validation": {"from_train": tuning["val_fraction"]}})
+    return out
 
 
 def _partitioner_names() -> list[str]:

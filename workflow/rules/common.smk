@@ -44,6 +44,7 @@ wildcard_constraints:
     partition=_one_of({p["label"] for p in EXP["partitions"]}),
     label=_one_of({c["label"] for c in EXP["cells"]}),
     seed=r"\d+",
+    trial=r"t[0-9a-f]{8}",
     pid=r"[0-9a-f]{10}",
     prepared=r"[0-9a-f]{8}",
     phash=r"[0-9a-f]{10}",
@@ -119,4 +120,89 @@ def final_outputs():
         + [f"{OUT}/plots/clients_{d}_{p}.png" for d, p in panels]
         + [f"{shard_dir(d, p)}.png" for d, p in panels]
         + [f"{OUT}/summary.json"]
+        + tuning_outputs()
     )
+
+
+# -- tuning (workflow/rules/tuning.smk) ------------------------------------------------
+TUNING = EXP["tuning"] or {"labels": {}}
+TUNING_CELLS = {
+    (c["dataset"], c["partition"], c["label"], c["trial"], str(c["seed"])): c
+    for c in EXP["tuning_cells"]
+}
+
+
+def selection_json(dataset, partition, label):
+    return f"{OUT}/tuning/{dataset}/{partition}/{label}.json"
+
+
+def trial_dir(c):
+    return f"{OUT}/tuning/runs/{c['dataset']}/{c['partition']}/{c['label']}/{c['trial']}/seed{c['seed']}"
+
+
+def trial_cell_json(wildcards):
+    key = (wildcards.dataset, wildcards.partition, wildcards.label, wildcards.trial, wildcards.seed)
+    return json.dumps(TUNING_CELLS[key], sort_keys=True)
+
+
+def _trial_cells(wildcards):
+    return [
+        c
+        for c in EXP["tuning_cells"]
+        if (c["dataset"], c["partition"], c["label"])
+        == (wildcards.dataset, wildcards.partition, wildcards.label)
+    ]
+
+
+def trial_metrics(wildcards):
+    return [f"{trial_dir(c)}/metrics.json" for c in _trial_cells(wildcards)]
+
+
+def select_spec(wildcards):
+    plan = TUNING["labels"][wildcards.label]
+    runs = [
+        {"trial": c["trial"], "seed": c["seed"], "metrics": f"{trial_dir(c)}/metrics.json"}
+        for c in _trial_cells(wildcards)
+    ]
+    spec = {
+        "dataset": wildcards.dataset,
+        "partition": wildcards.partition,
+        "label": wildcards.label,
+        "method": plan["method"],
+        "space": plan["space"],
+        "trials": plan["trials"],
+        "metric": TUNING["metric"],
+        "runs": runs,
+    }
+    return json.dumps(spec, sort_keys=True)
+
+
+def panel_selections(wildcards):
+    return [
+        selection_json(wildcards.dataset, wildcards.partition, label)
+        for label in TUNING["labels"]
+        if (wildcards.dataset, wildcards.partition, label)
+        in {(c["dataset"], c["partition"], c["label"]) for c in EXP["tuning_cells"]}
+    ]
+
+
+def all_selections(wildcards=None):
+    keys = sorted({(c["dataset"], c["partition"], c["label"]) for c in EXP["tuning_cells"]})
+    return [selection_json(*k) for k in keys]
+
+
+def tuning_outputs():
+    if not EXP["tuning_cells"]:
+        return []
+    panels = sorted({(c["dataset"], c["partition"]) for c in EXP["tuning_cells"]})
+    return [f"{OUT}/tables/tuning.{ext}" for ext in ("csv", "md", "tex")] + [
+        f"{OUT}/plots/tuning_{d}_{p}.png" for d, p in panels
+    ]
+
+
+TUNED_LABELS = sorted({c["label"] for c in EXP["cells"] if c.get("tuned")})
+
+
+def tuned_selection(wildcards):
+    """The select rule's JSON whose winner a tuned final cell trains with."""
+    return selection_json(wildcards.dataset, wildcards.partition, wildcards.label)

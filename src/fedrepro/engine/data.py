@@ -9,6 +9,7 @@ import numpy as np
 import torch
 
 from ..data.shards import ClientShard
+from ..io import derive_seed
 
 
 @dataclass
@@ -62,11 +63,32 @@ def _normaliser(manifest: dict, device: torch.device) -> tuple[torch.Tensor, tor
             torch.tensor(manifest["std"], dtype=torch.float32, device=device))
 
 
-def load_clients(manifest: dict, shards: list[ClientShard], device: torch.device) -> list[Client]:
+def carve_validation(x: np.ndarray, y: np.ndarray, fraction: float, seed: int) -> tuple[tuple, tuple]:
+    """Hold out `fraction` of a client's TRAINING samples as validation (tuning trials): a seeded
+    random subset of round(fraction * n) samples, at least one when n >= 2 and never all of them.
+    Returns ((x_train, y_train), (x_val, y_val)); the test split is not touched."""
+    n = len(y)
+    k = min(n - 1, max(1 if n >= 2 else 0, int(round(fraction * n))))
+    order = np.random.default_rng(seed).permutation(n)
+    val, train = np.sort(order[:k]), np.sort(order[k:])
+    return (x[train], y[train]), (x[val], y[val])
+
+
+def load_clients(manifest: dict, shards: list[ClientShard], device: torch.device,
+                 val_from_train: float | None = None, seed: int = 0) -> list[Client]:
+    """The clients' splits as tensors. `val_from_train` (a tuning trial): the client's validation
+    split is carved from its training split (`carve_validation`, seeded by (seed, client)), and the
+    test split is never loaded: its slot holds the validation data too, so nothing a trial computes
+    comes from test data."""
     mean, std = _normaliser(manifest, device)
     clients = []
     for s in shards:
-        splits = {name: to_split(s.x[name], s.y[name], mean, std, device) for name in ("train", "test", "val")}
+        arrays = {name: (s.x[name], s.y[name]) for name in ("train", "test", "val")}
+        if val_from_train:
+            arrays["train"], arrays["val"] = carve_validation(*arrays["train"], val_from_train,
+                                                              derive_seed(seed, "tuning-validation", s.id))
+            arrays["test"] = arrays["val"]
+        splits = {name: to_split(x, y, mean, std, device) for name, (x, y) in arrays.items()}
         entry = manifest["clients"][s.id]
         clients.append(Client(s.id, splits["train"], splits["test"], splits["val"], unseen=bool(entry.get("unseen", False)),
                               groups=dict(entry.get("groups") or {})))

@@ -682,7 +682,12 @@ def build_metrics(cell: dict, clients: list[Client], history: list[dict], per_ro
     for name in summaries(last, "test", test_sizes):
         curves[name] = {s: _clean([summaries(h, "test", test_sizes)[name][s] for h in history]) for s in STATS}
     best_val = None
+    summary_val = final_val = None
     if "val/global" in last or "val/personal" in last:
+        # the last round on the validation split: what hyper-parameter tuning selects by
+        summary_val = {k: _clean_stats(v) for k, v in summaries(last, "val", val_sizes).items()}
+        final_val = {kind: ({m: _clean(last[f"val/{kind}"][m]) for m in ("acc", "f1")} if f"val/{kind}" in last else None)
+                     for kind in ("global", "personal")}
         kind = "personal" if "val/personal" in last else "global"
         val_acc = [summarize(h[f"val/{kind}"]["acc"], val_sizes)["weighted_mean"] for h in history]
         best = int(np.nanargmax(val_acc))
@@ -704,6 +709,8 @@ def build_metrics(cell: dict, clients: list[Client], history: list[dict], per_ro
         "summary": summary,
         "method": method_report or {},
         "best_val": best_val,
+        "summary_val": summary_val,
+        "final_val": final_val,
         "curves": curves,
         "train_loss_per_round": per_round["train_loss"],
         "communication": {"bytes_up_per_round": per_round["up"], "bytes_down_per_round": per_round["down"],

@@ -62,7 +62,8 @@ def train_cell(cell: dict, shards_dir: str | Path, out_dir: str | Path, checkpoi
     manifest, shards = load_partition(shards_dir)  # refuses shards whose sha256 differs
     if manifest["partition_id"] != cell["partition_id"]:
         raise ValueError(f"{shards_dir}: partition {manifest['partition_id']} is not the cell's partition {cell['partition_id']}")
-    clients = load_clients(manifest, shards, dev)
+    carve = (cell.get("validation") or {}).get("from_train")  # a tuning trial: validation carved from train
+    clients = load_clients(manifest, shards, dev, val_from_train=carve, seed=int(cell["seed"]))
     official = read_official_test(shards_dir, manifest) if "official" in cell["training"]["global_test"] else None
     if "official" in cell["training"]["global_test"] and official is None:
         raise ValueError(f"{shards_dir}: training.global_test asks for 'official' but the partition has no official test set "
