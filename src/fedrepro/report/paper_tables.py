@@ -217,8 +217,8 @@ def _signed(v: float, d: int) -> str:
 
 def _fmt_p(p: float) -> str:
     if not np.isfinite(p):
-        return DASH
-    return "< 0.001" if p < 0.001 else f"{p:.3f}"
+        return f"p = {DASH}"
+    return "p < 0.001" if p < 0.001 else f"p = {p:.3f}"
 
 
 def ours_text(res: TableResult, c: CellResult, rank_marks: bool = True) -> tuple[str, str]:
@@ -379,7 +379,7 @@ def tests_markdown(res: TableResult) -> str:
                 cells.append(f"n/a ({r.note})")
             else:
                 short = "W" if r.test.startswith("Wilcoxon") else "t"
-                cells.append(f"{_signed(r.mean_diff, d)}, {short}, p = {_fmt_p(r.p)} (n={r.n})")
+                cells.append(f"{_signed(r.mean_diff, d)}, {short}, {_fmt_p(r.p)} (n={r.n})")
         lines.append(f"| {t.paper.name('method', p)} vs {t.paper.name('method', b)} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n\nt: paired t-test; W: Wilcoxon signed-rank (exact); two-sided.\n"
 
