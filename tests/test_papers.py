@@ -447,3 +447,9 @@ def test_cli_has_the_paper_commands():
     sub = next(a for a in build_parser()._actions if a.dest == "command")
     for name in ("paper-table", "paper-figure"):
         assert len(sub.choices[name].description or "") > 30
+
+
+def test_p_values_print_as_an_inequality_below_a_thousandth():
+    from fedrepro.report.paper_tables import _fmt_p
+
+    assert (_fmt_p(2e-5), _fmt_p(0.0421), _fmt_p(float("nan"))) == ("p < 0.001", "p = 0.042", "p = –")
