@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import REPO, tiny_config
+from conftest import REPO, TINY_HPARAMS, TINY_MODELS, tiny_config
 from fedrepro.cli import main
 from fedrepro.config import resolve_experiment
 from fedrepro.data.shards import load_partition
@@ -144,7 +144,9 @@ def test_every_registered_method_has_a_cited_default_space_of_valid_values(capsy
     for name, entry in spaces["methods"].items():
         assert entry["source"].strip()
         cfg = tuning_config({"methods": {}})
-        cfg["methods"] = {"m": {"method": name}}
+        cfg["methods"] = {"m": {"method": name, "hparams": copy.deepcopy(TINY_HPARAMS.get(name, {}))}}
+        for needed in METHODS.get(name).models[:1]:  # e.g. FedGCR's prompted ViT
+            cfg["datasets"] = {ds: {**spec, "model": copy.deepcopy(TINY_MODELS[needed])} for ds, spec in cfg["datasets"].items()}
         resolve_experiment(cfg)  # every default value passes the method's parameter checks
     assert main(["list", "methods"]) == 0
     out = capsys.readouterr().out
