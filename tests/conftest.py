@@ -77,11 +77,13 @@ def make_cell(tiny_partition):
 #: every-method tests on a tiny one of that model; a method's defaults that the tiny digits
 #: partition cannot satisfy (FedGCR's T' = number of client types: it has none) are set here.
 TINY_MODELS = {
+    "mlp": {"name": "mlp", "params": {"hidden": []}},  # local_linear: a linear classifier on the raw inputs
     "prompted_vit": {"name": "prompted_vit", "params": {
         "backbone": "vit_tiny_patch16_224", "weights": "none", "resize": False,
         "backbone_args": {"img_size": 8, "patch_size": 4, "embed_dim": 16, "depth": 1, "num_heads": 2}}},
 }
-TINY_HPARAMS = {"fedgcr": {"num_groups": 2}}
+TINY_HPARAMS = {"fedgcr": {"num_groups": 2}, "pfl_swav": {"swav_prototypes": 16}, "pfl_smog": {"smog_groups": 8, "queue_size": 64},
+                "pfl_mocov2": {"queue_size": 64}}
 
 
 def fit_cell_to_method(cell: dict, name: str) -> dict:

@@ -226,6 +226,13 @@ def _check_partition_size(label: str, ds: str, dsinfo: dict, spec: dict) -> None
                           f"{n / k * train_share:.2f} of them for training)")
 
 
+def _model_params(where: str, model: dict) -> dict:
+    """The registry-checked parameters of a configured model {name, params} (`where` names its key)."""
+    if model["name"] not in MODELS:
+        raise ConfigError(f"config key '{where}.name' has value {model['name']!r}; allowed: {', '.join(MODELS.names())}")
+    return resolve_params(f"config key '{where}.params'", MODELS.entry(model["name"]).params, model.get("params"))
+
+
 def resolve_experiment(config: dict) -> dict[str, Any]:
     """Validate `config` and return {"experiment", "datasets", "partitions", "cells"}.
 
@@ -246,9 +253,7 @@ def resolve_experiment(config: dict) -> dict[str, Any]:
             raise ConfigError(f"config key 'datasets.{ds}': unknown dataset {ds!r}; allowed: {', '.join(DATASETS.names())}")
         params = resolve_params(f"config key 'datasets.{ds}.params'", spec.params, entry.get("params"))
         model = entry.get("model") or {"name": DEFAULT_MODELS.get(ds, "mlp")}
-        if model["name"] not in MODELS:
-            raise ConfigError(f"config key 'datasets.{ds}.model.name' has value {model['name']!r}; allowed: {', '.join(MODELS.names())}")
-        model_params = resolve_params(f"config key 'datasets.{ds}.model.params'", MODELS.entry(model["name"]).params, model.get("params"))
+        model_params = _model_params(f"datasets.{ds}.model", model)
         pretrained = None
         if model_params.get("weights") == PROXY_WEIGHTS:  # a backbone pre-trained once on the dataset's proxy (models/pretrain.py)
             pretrained = pretrain_spec(ds, params, {"params": model_params}, model.get("pretrain"), f"datasets.{ds}.model")
@@ -293,11 +298,14 @@ def resolve_experiment(config: dict) -> dict[str, Any]:
             raise ConfigError(f"config key 'methods.{label}': unknown method {method!r}; allowed: {', '.join(METHODS.names())}")
         entry = METHODS.entry(method)
         hp = resolve_params(f"config key 'methods.{label}.hparams' (method '{method}')", entry.params, m.get("hparams"))
-        methods[label] = (method, hp, m.get("training"))
+        # a label's own model replaces every dataset's (Calibre's local linear classifier: mlp with no hidden layer)
+        own_model = m.get("model") and {"name": m["model"]["name"], "params": _model_params(f"methods.{label}.model", m["model"])}
+        methods[label] = (method, hp, m.get("training"), own_model)
     for part in partitions:
         ds = part["dataset"]
-        for label, (method, hp, method_training) in methods.items():
-            METHODS.get(method).check_cell(f"methods.{label}", hp, datasets[ds]["model"], part["spec"])
+        for label, (method, hp, method_training, own_model) in methods.items():
+            model = own_model or datasets[ds]["model"]
+            METHODS.get(method).check_cell(f"methods.{label}", hp, model, part["spec"])
             # precedence: experiment < dataset < method; an error names the most specific key given
             training = _merge(_merge(base_training, datasets[ds]["training"]), method_training)
             where = (f"methods.{label}.training" if method_training else f"datasets.{ds}.training" if datasets[ds]["training"] else "training")
@@ -310,13 +318,13 @@ def resolve_experiment(config: dict) -> dict[str, Any]:
             for seed in config["seeds"]:
                 cells.append({
                     "experiment": name, "dataset": ds, "partition": part["label"], "partition_id": part["id"],
-                    "method": method, "label": label, "hparams": hp, "model": datasets[ds]["model"],
+                    "method": method, "label": label, "hparams": hp, "model": model,
                     "seed": seed, "training": t, "evaluation": evaluation,
                 })
         if len(cells) > BUDGETS["cells"] and not large_budgets_allowed():
             raise ConfigError(f"config key '(top level)' expands to more than {BUDGETS['cells']:,} cells (datasets x partitions "
                               f"x methods x seeds); allowed: at most {BUDGETS['cells']:,} {lift_hint()}")
-    tuning = resolve_tuning(config, methods, {m: METHODS.entry(m).params for m, _, _ in methods.values()}, config["seeds"])
+    tuning = resolve_tuning(config, methods, {m: METHODS.entry(m).params for m, *_ in methods.values()}, config["seeds"])
     tuning_cells = _tuning_cells(tuning, cells, base_training, datasets, methods, partitions) if tuning else []
     for c in cells:
         if tuning and c["label"] in tuning["labels"]:

@@ -126,7 +126,7 @@ def resolve_tuning(config: dict, methods: dict[str, tuple[str, dict, Any]], decl
     lr_grid = t["lr"] if t["lr"] is not None else default_spaces()["lr"]["values"]
     _check_space("tuning", {"lr": lr_grid}, {})  # the shared grid: numbers > 0, non-empty
     labels = {}
-    for label, (method, _hp, _training) in methods.items():
+    for label, (method, *_) in methods.items():
         if label in t["methods"]:
             space = _check_space(f"tuning.methods.{label}", t["methods"][label] or {}, declared[method])
         else:

@@ -28,7 +28,7 @@ from ..metrics import STATS, accuracy, harmonic_mean, macro_f1, summarize, type_
 from ..methods import METHODS, Method, Update, payload_bytes, select, weighted_average
 from ..methods.base import Batch, FitResult  # the engine <-> method contract (re-exported here)
 from ..models import SplitModel, build_model
-from .data import AUGMENTATIONS, Client, Split
+from .data import AUGMENTATIONS, Client, Split, _normaliser
 from .vectorized import ClientFit, compiled_model, fit_many, vectorize_blocker
 
 OPTIMIZERS: dict[str, Callable[..., torch.optim.Optimizer]] = {
@@ -114,8 +114,11 @@ class Engine:
             # initial values, results equal to floating-point tolerance (not bit for bit).
             self.model.to(memory_format=torch.channels_last)
         self.augment = AUGMENTATIONS[self.training["augment"]]
+        self.normalisation = _normaliser(manifest, device)  # (mean, std) per channel: what the data tensors were scaled by
         entry = METHODS.entry(cell["method"])
         self.method: Method = entry.obj(self, dict(cell["hparams"]))
+        for name, module in self.method.extra_modules().items():  # a method's own modules (SSL projector, target network)
+            self.model.add_module(name, module.to(device))
         self.schedule = sampling_schedule(len(self.clients), self.training["participation"], self.training["rounds"], self.seed)
         self.untrained_rule = (cell.get("evaluation") or {}).get("untrained", "personalize")
         if self.untrained_rule not in UNTRAINED_RULES:
@@ -289,14 +292,16 @@ class Engine:
         return torch.cat([self.model.extractor(x[i : i + bs]) for i in range(0, len(x), bs)]) if len(x) else x.new_zeros((0, self.model.feature_dim))
 
     def finetune_head(self, params: dict[str, torch.Tensor], client: Client, *, epochs: int, lr: float, batch_size: int,
-                      momentum: float = 0.0) -> dict[str, torch.Tensor]:
+                      momentum: float = 0.0, fresh: bool = False) -> dict[str, torch.Tensor]:
         """Fine-tune the head of `params` on the client's frozen train features; return the head.
 
+        The personalization stage of any method: `fresh` starts from the seeded initial head
+        (a new linear classifier on a frozen encoder, Calibre's protocol) instead of `params`'s.
         The features are computed once (extractor frozen, eval mode), so this costs one
         forward pass plus the head's own steps. Uses its own random stream, so evaluating
         never changes training.
         """
-        self.set_params(params)
+        self.set_params({**params, **(select(self.initial_params, ("head.",)) if fresh else {})})
         feats = self.features(client.train.x)
         opt = torch.optim.SGD(self.model.head.parameters(), lr=lr, momentum=momentum)
         self.fit_head(feats, client.train.y, epochs=epochs, batch_size=batch_size, opt=opt,

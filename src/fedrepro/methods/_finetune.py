@@ -19,19 +19,24 @@ FINETUNE_HPARAMS = {
     "ft_lr": Param(0.05, "fine-tuning SGD learning rate (Calibre recipe)", float, exclusive_minimum=0),
     "ft_batch_size": Param(32, "fine-tuning batch size (Calibre recipe)", int, minimum=1),
     "ft_momentum": Param(0.9, "fine-tuning SGD momentum; [RECON] from Calibre's paper-era config (methods.md §2.5)", float, minimum=0),
+    "ft_fresh_head": Param(False, "fine-tune a fresh head (the seeded initial one) instead of the global model's: Calibre's "
+                                  "personalization stage (a new linear classifier on the frozen encoder)", bool),
 }
+
+
+def finetuned_personal_params(method: Method, params: dict, client) -> dict:
+    """`params` with its head fine-tuned on the client's frozen train features (`method.hp`'s ft_*)."""
+    hp = method.hp
+    head = method.engine.finetune_head(params, client, epochs=hp["ft_epochs"], lr=hp["ft_lr"], batch_size=hp["ft_batch_size"],
+                                       momentum=hp["ft_momentum"], fresh=hp["ft_fresh_head"])
+    return {**params, **head}
 
 
 def with_head_finetuning(base: type[Method], name: str, summary: str, paper: str) -> type[Method]:
     """A subclass of `base` named `name` whose personalized model is a fine-tuned head."""
 
     def personal_params(self, client):
-        global_params = self.global_params()
-        head = self.engine.finetune_head(
-            global_params, client, epochs=self.hp["ft_epochs"], lr=self.hp["ft_lr"],
-            batch_size=self.hp["ft_batch_size"], momentum=self.hp["ft_momentum"],
-        )
-        return {**global_params, **head}
+        return finetuned_personal_params(self, self.global_params(), client)
 
     return type(base.__name__ + "FT", (base,), {
         "name": name,

@@ -5,6 +5,7 @@ bookkeeping). A method is one small class that says, like a paper's algorithm bo
 
 * `hparams`         its hyper-parameters with defaults (and their citation),
 * `shared`          which parameter prefixes travel ("extractor.", "head.", "" = all),
+* `extra_modules()` modules it adds to the model (an SSL projector, a target network),
 * `setup()`         its server state (`self.server`, checkpointed by the engine),
 * `broadcast()`     what the server sends a sampled client,
 * `local_update()`  the client's training, returning an `Update` (the upload),
@@ -67,6 +68,7 @@ class Engine(Protocol):
     initial_params: Params
     lr: float
     augment: Callable[[torch.Tensor, torch.Generator], torch.Tensor] | None
+    normalisation: tuple[torch.Tensor, torch.Tensor]  # per-channel (mean, std) the data tensors were normalised with
 
     def client(self, client_id: int) -> "Client": ...
     def get_params(self, prefixes: Iterable[str] = ("",)) -> Params: ...
@@ -118,6 +120,11 @@ class Method:
         self.engine = engine
         self.hp = hp
         self.server: dict[str, Any] = {}
+
+    def extra_modules(self) -> dict[str, torch.nn.Module]:
+        """Modules the method adds to the model beside `extractor` and `head` (an SSL projector, a
+        target network), by attribute name: they are parameters like the others ("projector." ...)."""
+        return {}
 
     # -- server ---------------------------------------------------------------------
     def setup(self) -> None:

@@ -1,0 +1,151 @@
+"""Calibre (Chen, Su and Li, "Calibre: Towards Fair and Accurate Personalized Federated Learning
+with Self-Supervised Learning", 2024; spec: methods.md §2, reference code Plato examples/ssl/calibre).
+
+Algorithm, per batch of client c (two views x_a, x_b; encodings z = f(x), projections h = g(z)):
+    l_s  = the SSL objective (default SimCLR's NT-Xent, temperature 0.2)
+    y_a, y_b = KMeans(K = 10) pseudo-labels of the detached [z_a; z_b]
+    l_p  = NT-Xent(nu_a, nu_b), nu_{v,k} = mean of h_v over cluster k (lightly's default temperature 0.5)
+    l_n  = CE(-||z_b^ - v_k^||^2, y_b), v_k = mean of z_a over cluster k, both L2-normalised
+    L    = l_s + alpha * (l_p + l_n), alpha = 0.3
+After local training the client encodes its non-augmented train split, clusters it (KMeans, K = 10)
+and uploads its divergence rate d_c = mean over clusters of the mean distance to the centroid.
+Server: p_c = (n_c / d_c) / sum_j (n_j / d_j), theta = sum_c p_c theta_c (tighter clients weigh more).
+Then the family's personalization stage (a linear probe per client, novel clients included).
+
+Choices (methods.md §2.2-2.3):
+- l_n in the reference code's form (negative squared distance of normalised vectors, no temperature),
+  not Algorithm 1's dot-product/tau form [PAPER≠CODE, the code form kept].
+- Clusters are re-indexed over those present, so an empty cluster never breaks the indexing (the
+  code's torch.unique indexing does). l_p pairs the clusters present in BOTH views; l_n classifies
+  the queries of view b whose cluster has a support prototype in view a.
+- Aggregation: normalised weights by default; `code_compat_unnormalized` reproduces Plato's
+  theta += sum_c (n_c/N) w_c (theta_c - theta) with w = (1/d) / sum(1/d), a step about 1/m as long.
+- Divergence: raw KMeans centroids [RECON]; `code_compat_normalized_centroids` L2-normalises them
+  (the code's kmeans_clustering) while the encodings stay raw.
+- KMeans is scikit-learn's, seeded from the client's update stream (deterministic per cell).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from ..registry import Param
+from ..ssl.objectives import OBJECTIVES
+from . import register
+from ._ssl import SSL_HPARAMS, FederatedSSL
+from .base import Update, weighted_average
+
+
+def kmeans_labels(z: torch.Tensor, k: int, seed: int, max_iter: int = 200) -> tuple[torch.Tensor, np.ndarray]:
+    """KMeans labels (on z's device) and centroids of the rows of z (sklearn, n_init="auto")."""
+    from sklearn.cluster import KMeans
+
+    data = z.detach().float().cpu().numpy()
+    km = KMeans(n_clusters=min(k, len(data)), n_init="auto", max_iter=max_iter, random_state=seed).fit(data)
+    return torch.as_tensor(km.labels_, dtype=torch.long, device=z.device), km.cluster_centers_
+
+
+def _cluster_means(x: torch.Tensor, labels: torch.Tensor, clusters: torch.Tensor) -> torch.Tensor:
+    """Row k: the mean of x over the samples whose label is clusters[k] (with gradient)."""
+    onehot = (labels[None, :] == clusters[:, None]).to(x.dtype)
+    return onehot @ x / onehot.sum(1, keepdim=True)
+
+
+def prototype_contrastive_loss(ha: torch.Tensor, hb: torch.Tensor, ya: torch.Tensor, yb: torch.Tensor, criterion) -> torch.Tensor:
+    """l_p: the clusters present in both views give prototype pairs (nu_a,k, nu_b,k), contrasted
+    with `criterion` (NT-Xent: the other clusters' prototypes are the negatives)."""
+    common = torch.from_numpy(np.intersect1d(ya.cpu().numpy(), yb.cpu().numpy())).to(ya.device)
+    if len(common) < 2:  # one pair has no negative: nothing to contrast
+        return ha.sum() * 0
+    return criterion(_cluster_means(ha, ya, common), _cluster_means(hb, yb, common))
+
+
+def prototype_meta_loss(za: torch.Tensor, zb: torch.Tensor, ya: torch.Tensor, yb: torch.Tensor) -> torch.Tensor:
+    """l_n: view a's cluster means are the support prototypes; view b's encodings are classified
+    by softmax(-||z^ - v^_k||^2) into their own cluster (labels re-indexed over the present ones)."""
+    support = torch.unique(ya)
+    keep = torch.isin(yb, support)
+    if not keep.any():
+        return za.sum() * 0
+    protos = F.normalize(_cluster_means(za, ya, support), dim=1)
+    queries = F.normalize(zb[keep], dim=1)
+    target = torch.searchsorted(support, yb[keep])  # support is sorted: the position of each query's cluster
+    return F.cross_entropy(-torch.cdist(queries, protos).pow(2), target)
+
+
+def divergence_rate(z: torch.Tensor, k: int, seed: int, normalized_centroids: bool = False) -> float:
+    """Mean over KMeans clusters of the mean distance of the members to their centroid."""
+    labels, centres = kmeans_labels(z, k, seed)
+    c = torch.as_tensor(centres, dtype=z.dtype, device=z.device)
+    if normalized_centroids:
+        c = F.normalize(c, dim=1)
+    dist = (z - c[labels]).norm(dim=1)
+    return float(torch.stack([dist[labels == j].mean() for j in torch.unique(labels)]).mean())
+
+
+def divergence_weights(num_samples: list[float], divergences: list[float], unnormalized: bool = False) -> list[float]:
+    """Each client's weight in the aggregate: normalised (n/d) / sum(n/d); or, as the code, the
+    unnormalised (n/N) * (1/d) / sum(1/d) (the rest of the mass stays on the previous global model)."""
+    n, d = np.asarray(num_samples, float), np.maximum(np.asarray(divergences, float), 1e-12)  # a collapsed encoder: d = 0
+    if unnormalized:
+        return list(n / n.sum() * (1 / d) / (1 / d).sum())
+    return list((n / d) / (n / d).sum())
+
+
+@register
+class Calibre(FederatedSSL):
+    name = "calibre"
+    summary = "Calibre: SSL + prototype regularizers (l_p, l_n from per-batch KMeans), divergence-weighted FedAvg, linear probe per client"
+    paper = "Chen, Su and Li, 2024 (Plato examples/ssl/calibre)"
+    hparams = {
+        **SSL_HPARAMS,
+        "objective": Param("simclr", "the SSL objective l_s (Table I: simclr, swav, smog)", str, choices=tuple(OBJECTIVES.names())),
+        "alpha": Param(0.3, "weight of l_p + l_n (paper: alpha = 0.3; config prototype_regularizers [0.3, 0.3])", float, minimum=0),
+        "use_lp": Param(True, "include l_p, the prototype-oriented contrastive regularizer (Table I ablation)", bool),
+        "use_ln": Param(True, "include l_n, the prototype-based meta regularizer (Table I ablation)", bool),
+        "n_clusters": Param(10, "[RECON] KMeans clusters K for the pseudo-labels and the divergence rate (code: n_clusters 10, "
+                                "also for CIFAR-100; the paper gives none)", int, minimum=1),
+        "lp_temperature": Param(0.5, "NT-Xent temperature of l_p (lightly's default, as the code)", float, exclusive_minimum=0),
+        "divergence_weighting": Param(True, "weight the aggregate by n/d (Calibre); false = plain FedAvg", bool),
+        "code_compat_unnormalized": Param(False, "[PAPER≠CODE] reproduce the code's unnormalised delta weighting "
+                                                 "(theta += sum (n/N) w (theta_c - theta))", bool),
+        "code_compat_normalized_centroids": Param(False, "[RECON] L2-normalise the KMeans centroids (not the encodings) in the "
+                                                         "divergence rate, as the code's kmeans_clustering", bool),
+    }
+
+    def __init__(self, engine, hp):
+        super().__init__(engine, hp)
+        from lightly.loss import NTXentLoss
+
+        self.lp_criterion = NTXentLoss(temperature=hp["lp_temperature"])
+
+    def regularizer(self, out):
+        hp = self.hp
+        if not (hp["use_lp"] or hp["use_ln"]) or hp["alpha"] == 0:
+            return None
+        seed = int(torch.randint(2**31 - 1, (1,)))  # from the client's seeded update stream
+        labels, _ = kmeans_labels(torch.cat([out.za, out.zb]), hp["n_clusters"], seed)
+        ya, yb = labels[: len(out.za)], labels[len(out.za):]
+        reg = out.loss.new_zeros(())
+        if hp["use_lp"]:
+            reg = reg + prototype_contrastive_loss(out.ha, out.hb, ya, yb, self.lp_criterion)
+        if hp["use_ln"]:
+            reg = reg + prototype_meta_loss(out.za, out.zb, ya, yb)
+        return hp["alpha"] * reg
+
+    def upload_extras(self, client):
+        z = self.engine.features(client.train.x).flatten(1)  # the non-augmented train split, encoder in eval mode
+        seed = int(torch.randint(2**31 - 1, (1,)))
+        return {"divergence": divergence_rate(z, self.hp["n_clusters"], seed, self.hp["code_compat_normalized_centroids"])}
+
+    def aggregate(self, updates):
+        if not self.hp["divergence_weighting"]:
+            return super().aggregate(updates)
+        w = divergence_weights([u.num_samples for u in updates], [u.extras["divergence"] for u in updates],
+                               self.hp["code_compat_unnormalized"])
+        weighted = [Update(u.client_id, wi, u.params) for u, wi in zip(updates, w)]
+        if self.hp["code_compat_unnormalized"]:  # the mass the weights leave stays on the previous global model
+            weighted.append(Update(-1, 1 - sum(w), self.server["global"]))
+        self.server["global"] = {**self.server["global"], **weighted_average(weighted)}

@@ -1,0 +1,1 @@
+"""Federated self-supervised learning: batched two-view augmentation and the SSL objectives."""
