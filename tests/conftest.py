@@ -108,5 +108,7 @@ def method_engine(tiny_partition, make_cell, name: str, hparams: dict | None = N
     cell = make_cell("fedavg", **training)
     defaults = {k: p.default for k, p in METHODS.get(name).hparams.items()}
     cell.update(method=name, label=name, hparams={**defaults, **(hparams or {})})
+    if METHODS.get(name).models:  # the tiny model of the capability the method needs
+        cell["model"] = copy.deepcopy(TINY_MODELS[METHODS.get(name).models[0]])
     manifest, shards = load_partition(tiny_partition[0])
     return Engine(cell, manifest, load_clients(manifest, shards, torch.device("cpu")), torch.device("cpu"), progress=False)

@@ -1,0 +1,240 @@
+"""The federated self-supervised family (Calibre, methods.md §2): each mechanism on hand-computed
+values, so a removed or wrong mechanism fails here."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from fedrepro.methods.base import Update
+from fedrepro.methods.calibre import (divergence_rate, divergence_weights, prototype_contrastive_loss,
+                                      prototype_meta_loss)
+from fedrepro.models import SplitModel
+from fedrepro.ssl.objectives import OBJECTIVES
+
+from conftest import method_engine
+
+HP = {"temperature": 0.5, "proj_hidden": 8, "proj_dim": 4, "target_momentum": None, "queue_size": 8,
+      "swav_prototypes": 5, "smog_groups": 3, "smog_reset_every": 0}
+E1, E2 = [1.0, 0.0], [0.0, 1.0]
+
+
+def tiny_ssl_model(objective: str, hp: dict | None = None):
+    torch.manual_seed(0)
+    model = SplitModel(nn.Sequential(nn.Flatten(), nn.Linear(6, 5), nn.ReLU()), nn.Linear(5, 3), 5)
+    obj = OBJECTIVES.get(objective)(5, {**HP, **(hp or {})})
+    for name, module in obj.modules(model.extractor).items():
+        model.add_module(name, module)
+    return model, obj
+
+
+def test_nt_xent_on_a_hand_computed_example():
+    """Two orthogonal pairs: each sample's positive has cosine 1, its two negatives 0, so
+    NT-Xent = -log(e^{1/t} / (e^{1/t} + 2)) = log(1 + 2 e^{-1/t})."""
+    _, obj = tiny_ssl_model("simclr")
+    h = torch.tensor([E1, E2])
+    assert obj.criterion(h, h.clone()).item() == pytest.approx(math.log(1 + 2 * math.exp(-1 / 0.5)), rel=1e-6)
+
+
+def test_byol_target_is_an_ema_of_the_online_network_and_gets_no_gradient():
+    model, obj = tiny_ssl_model("byol", {"target_momentum": 0.9})
+    x = torch.randn(4, 6)
+    obj.loss(model, x, x + 0.1).loss.backward()
+    target = list(model.target_extractor.parameters()) + list(model.target_projector.parameters())
+    assert all(p.grad is None and not p.requires_grad for p in target)
+    assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in model.projector.parameters())
+    before = [p.detach().clone() for p in model.target_extractor.parameters()]
+    with torch.no_grad():
+        for p in model.extractor.parameters():
+            p.add_(1.0)  # an online step
+    obj.after_step(model, progress=0.0)  # cosine schedule at its start: momentum = the base 0.9
+    for old, new, online in zip(before, model.target_extractor.parameters(), model.extractor.parameters()):
+        torch.testing.assert_close(new, 0.9 * old + 0.1 * online)
+    obj.after_step(model, progress=1.0)  # at the end of training the momentum reaches 1: the target stays
+    frozen = [p.detach().clone() for p in model.target_extractor.parameters()]
+    with torch.no_grad():
+        for p in model.extractor.parameters():
+            p.add_(1.0)
+    obj.after_step(model, progress=1.0)
+    for old, new in zip(frozen, model.target_extractor.parameters()):
+        torch.testing.assert_close(new, old)
+
+
+def test_simsiam_stops_the_gradient_of_the_other_views_projection():
+    """With a predictor that ignores its input, the loss only reaches the encoder and projector
+    through the target branch, which the stop-gradient cuts: they get zero gradient."""
+    model, obj = tiny_ssl_model("simsiam")
+    model.predictor = nn.Sequential(nn.Linear(4, 4))
+    with torch.no_grad():
+        model.predictor[0].weight.zero_()
+        model.predictor[0].bias.copy_(torch.tensor([1.0, -1.0, 0.5, 2.0]))
+    obj.loss(model, torch.randn(4, 6), torch.randn(4, 6)).loss.backward()
+    for p in list(model.extractor.parameters()) + list(model.projector.parameters()):
+        assert p.grad is None or p.grad.abs().max() == 0
+    assert model.predictor[0].bias.grad.abs().sum() > 0
+
+
+def test_moco_queue_is_fifo_of_normalised_keys_and_client_local():
+    model, obj = tiny_ssl_model("mocov2")
+    obj.load_local_state(None)
+    bank = obj.criterion.memory_bank
+    keys = []
+    for step in range(3):  # 3 steps x 2 directions x 2 keys = 12 keys into a queue of 8
+        xa, xb = torch.randn(2, 6), torch.randn(2, 6)
+        with torch.no_grad():
+            ka, kb = obj._target_of(model, xa), obj._target_of(model, xb)
+        keys += [nn.functional.normalize(kb, dim=1), nn.functional.normalize(ka, dim=1)]
+        obj.loss(model, xa, xb)
+        if step == 1:  # after 8 keys the queue holds them in arrival order
+            torch.testing.assert_close(bank.bank, torch.cat(keys))
+    # the 9th to 12th keys replaced the oldest four
+    torch.testing.assert_close(bank.bank, torch.cat(keys[4:] + keys[2:4]))
+    assert int(bank.bank_ptr) == 4
+    saved = obj.local_state()
+    obj.load_local_state(None)  # another client: a fresh queue
+    assert not torch.equal(bank.bank, saved["bank"])
+    obj.load_local_state(saved)
+    torch.testing.assert_close(bank.bank, saved["bank"])
+    assert int(bank.bank_ptr) == 4
+
+
+@pytest.mark.parametrize("objective", sorted(OBJECTIVES.names()))
+def test_every_objective_returns_the_online_encodings_and_projections_of_both_views(objective):
+    model, obj = tiny_ssl_model(objective)
+    obj.load_local_state(None)
+    xa, xb = torch.randn(4, 6), torch.randn(4, 6)
+    out = obj.loss(model, xa, xb)
+    assert out.loss.dim() <= 1 and torch.isfinite(out.loss).all()
+    torch.testing.assert_close(out.za, model.extractor(xa))
+    torch.testing.assert_close(out.hb, model.projector(model.extractor(xb)))
+
+
+def test_prototype_meta_loss_ln_with_an_empty_cluster():
+    """Clusters 0 and 2 (1 is empty): support v0 = e1, v2 = e2; each query sits on its own
+    prototype, squared distance 2 to the other, so l_n = log(1 + e^{-2}); a query whose cluster has
+    no support prototype (label 1) is left out."""
+    za = torch.tensor([E1, E1, E2])
+    ya = torch.tensor([0, 0, 2])
+    zb = torch.tensor([[3.0, 0.0], E2, [0.7, 0.7]])
+    yb = torch.tensor([0, 2, 1])
+    assert prototype_meta_loss(za, zb, ya, yb).item() == pytest.approx(math.log(1 + math.exp(-2)), rel=1e-6)
+
+
+def test_prototype_contrastive_loss_lp_pairs_the_clusters_of_both_views():
+    """Cluster means of h: view a (2, 0), (0, 2); view b (2, 0), (0, 1): orthogonal pairs, so
+    NT-Xent gives log(1 + 2 e^{-1/t}); a cluster in one view only (3) takes no part."""
+    from lightly.loss import NTXentLoss
+
+    ha = torch.tensor([[1.0, 0.0], [3.0, 0.0], [0.0, 2.0], [5.0, 5.0]])
+    ya = torch.tensor([0, 0, 2, 3])
+    hb = torch.tensor([[2.0, 0.0], E2])
+    yb = torch.tensor([0, 2])
+    got = prototype_contrastive_loss(ha, hb, ya, yb, NTXentLoss(temperature=0.5))
+    assert got.item() == pytest.approx(math.log(1 + 2 * math.exp(-2)), rel=1e-6)
+    assert prototype_contrastive_loss(ha, hb[:1], ya, yb[:1], NTXentLoss()).item() == 0  # one pair: nothing to contrast
+
+
+def test_divergence_rate_and_aggregation_weights_by_hand():
+    # two clusters: (0,0),(2,0) around (1,0) at distance 1; (10,10),(10,14) around (10,12) at distance 2
+    z = torch.tensor([[0.0, 0.0], [2.0, 0.0], [10.0, 10.0], [10.0, 14.0]])
+    assert divergence_rate(z, 2, seed=0) == pytest.approx(1.5)
+    # n = (100, 300), d = (1, 2): n/d = (100, 150) -> (0.4, 0.6); the code's unnormalised form:
+    # n/N = (1/4, 3/4) times (1/d)/sum(1/d) = (2/3, 1/3) -> (1/6, 1/4)
+    assert divergence_weights([100, 300], [1.0, 2.0]) == pytest.approx([0.4, 0.6])
+    assert divergence_weights([100, 300], [1.0, 2.0], unnormalized=True) == pytest.approx([1 / 6, 1 / 4])
+
+
+def _two_updates(eng):
+    glob = eng.method.server["global"]
+    k = next(k for k, v in glob.items() if v.is_floating_point())
+    ups = []
+    for cid, (n, d, value) in enumerate([(100, 1.0, 1.0), (300, 2.0, 3.0)]):
+        params = {name: v.clone() for name, v in glob.items()}
+        params[k] = torch.full_like(glob[k], value)
+        ups.append(Update(cid, n, params, {"divergence": d}))
+    return k, glob[k].clone(), ups
+
+
+@pytest.mark.parametrize("compat", [False, True])
+def test_calibre_aggregates_with_divergence_weights(tiny_partition, make_cell, compat):
+    eng = method_engine(tiny_partition, make_cell, "calibre", {"code_compat_unnormalized": compat, "proj_hidden": 8, "proj_dim": 4})
+    eng.method.setup()
+    k, before, ups = _two_updates(eng)
+    eng.method.aggregate(ups)
+    got = eng.method.server["global"][k]
+    want = (1 - 1 / 6 - 1 / 4) * before + 1 / 6 * 1.0 + 1 / 4 * 3.0 if compat else torch.full_like(before, 0.4 * 1.0 + 0.6 * 3.0)
+    torch.testing.assert_close(got, want)
+
+
+def test_calibre_ablation_switches_remove_each_regularizer(tiny_partition, make_cell):
+    from fedrepro.ssl.objectives import ViewsOutput
+
+    torch.manual_seed(0)
+    z = torch.randn(8, 5)
+    out = ViewsOutput(torch.tensor(0.0), z[:4], z[4:], z[:4, :4], z[4:, :4])
+    got = {}
+    for lp, ln in [(False, False), (True, False), (False, True), (True, True)]:
+        eng = method_engine(tiny_partition, make_cell, "calibre", {"use_lp": lp, "use_ln": ln, "n_clusters": 3,
+                                                                   "proj_hidden": 8, "proj_dim": 4})
+        torch.manual_seed(1)
+        reg = eng.method.regularizer(out)
+        got[lp, ln] = None if reg is None else reg.item()
+    assert got[False, False] is None
+    assert got[True, False] > 0 and got[False, True] > 0
+    assert got[True, True] == pytest.approx(got[True, False] + got[False, True])
+
+
+def test_personalization_stage_leaves_the_encoder_bit_identical(tiny_partition, make_cell):
+    eng = method_engine(tiny_partition, make_cell, "pfl_simclr", {"proj_hidden": 8, "proj_dim": 4, "ft_epochs": 2})
+    eng.method.setup()
+    eng.round = 1
+    client = eng.clients[0]
+    eng.method.local_update(client, eng.method.broadcast(client))  # some SSL training first
+    glob = {k: v.clone() for k, v in eng.method.server["global"].items()}
+    personal = eng.method.personal_params(client)
+    for k, v in glob.items():
+        assert torch.equal(personal[k], v), k  # the probe sees the global encoder, unchanged
+        assert torch.equal(eng.method.server["global"][k], v), k
+    head0 = {k: v for k, v in eng.initial_params.items() if k.startswith("head.")}
+    assert any(not torch.equal(personal[k], v) for k, v in head0.items())  # the head is trained ...
+    again = eng.method.personal_params(client)
+    assert all(torch.equal(again[k], personal[k]) for k in head0)  # ... from the same fresh start
+    assert eng.method.personalize_unseen(client).keys() == personal.keys()
+
+
+def test_fedema_divergence_aware_ema(tiny_partition, make_cell):
+    eng = method_engine(tiny_partition, make_cell, "fedema", {"proj_hidden": 8, "proj_dim": 4, "tau": 0.7})
+    eng.method.setup()
+    glob = eng.method.server["global"]
+    client = eng.clients[0]
+    assert eng.method.start_params(client, glob) is glob  # first participation: the global model
+    enc = [k for k in glob if k.startswith("extractor.") and glob[k].is_floating_point()]
+    local = {k: v + 1.0 if v.is_floating_point() else v for k, v in glob.items()}
+    client.state["local"] = local
+    div = math.sqrt(sum(v.numel() for k, v in glob.items() if k in enc))  # every encoder entry differs by 1
+    start = eng.method.start_params(client, glob)
+    assert client.state["lambda"] == pytest.approx(0.7 / div)
+    for k in enc:  # calibrated: mu = tau
+        torch.testing.assert_close(start[k], 0.7 * local[k] + 0.3 * glob[k])
+    client.state["local"] = {k: v + 0.5 if v.is_floating_point() else v for k, v in glob.items()}
+    start = eng.method.start_params(client, glob)  # half the divergence: mu = tau / 2
+    k = enc[0]
+    torch.testing.assert_close(start[k], glob[k] + 0.35 * 0.5)
+
+
+def test_local_linear_trains_alone_and_to_convergence_further(tiny_partition, make_cell):
+    import torch.nn.functional as F
+
+    losses = {}
+    for epochs in (1, None):
+        eng = method_engine(tiny_partition, make_cell, "local_linear", {"epochs": epochs})
+        params = eng.method.personal_params(eng.clients[0])
+        eng.set_params(params)
+        c = eng.clients[0]
+        with torch.no_grad():
+            losses[epochs] = float(F.cross_entropy(eng.model(c.train.x), c.train.y))
+        assert eng.method.local_update(c, {}).params == {}  # nothing travels
+    assert losses[None] < losses[1]
