@@ -35,6 +35,9 @@ class FedBABU(FedAvg):
                                      "personalized evaluation (PFLlib fine_tuning_epochs, methods.md §6)", int, minimum=0),
         "finetune_lr": Param(None, "fine-tuning learning rate; null = the round's training learning rate (PFLlib "
                                    "fine-tunes with the client's training optimizer)", (float, type(None)), exclusive_minimum=0),
+        "finetune_part": Param("all", "what the fine-tuning trains: 'all' (FedBABU paper, PFLlib) or 'head', the head on frozen "
+                                      "features with SGD momentum 0.9 and batch 32 (Calibre's personalization of its baselines, "
+                                      "methods.md §6)", str, choices=("all", "head")),
     }
 
     def start_params(self, client, payload):
@@ -45,6 +48,10 @@ class FedBABU(FedAvg):
         return {"trainable": self.shared}  # the head stays frozen at its initialisation
 
     def personal_params(self, client):
+        if self.hp["finetune_part"] == "head":
+            head = self.engine.finetune_head(self.server["global"], client, epochs=self.hp["finetune_epochs"],
+                                             lr=self.hp["finetune_lr"] or self.engine.lr, batch_size=32, momentum=0.9)
+            return {**self.server["global"], **head}
         self.engine.set_params(self.server["global"])
         self.engine.fit(client, epochs=self.hp["finetune_epochs"], lr=self.hp["finetune_lr"])
         return self.engine.get_params()

@@ -83,14 +83,15 @@ def cnn4(sample_shape: Sequence[int], num_classes: int, channels: int = 64) -> S
 @MODELS.register(
     "resnet18_cifar",
     "torchvision ResNet-18 with the CIFAR stem (3x3 conv1, stride 1, no max-pool) | head: fc (He et al. 2016)",
-    params={},
+    params={"conv1_padding": Param(1, "padding of the 3x3 stem; Calibre's encoder (Plato cnn_encoder.py) uses 2", int, minimum=0,
+                                   maximum=3)},
     inputs="images (C, 32, 32) (works for any size >= 8)",
 )
-def resnet18_cifar(sample_shape: Sequence[int], num_classes: int) -> SplitModel:
+def resnet18_cifar(sample_shape: Sequence[int], num_classes: int, conv1_padding: int = 1) -> SplitModel:
     from torchvision.models import resnet18
 
     net = resnet18(num_classes=num_classes)
-    net.conv1 = nn.Conv2d(sample_shape[0], 64, kernel_size=3, stride=1, padding=1, bias=False)
+    net.conv1 = nn.Conv2d(sample_shape[0], 64, kernel_size=3, stride=1, padding=conv1_padding, bias=False)
     net.maxpool = nn.Identity()
     head = net.fc
     net.fc = nn.Identity()

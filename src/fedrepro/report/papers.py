@@ -15,6 +15,8 @@ optional top-level key `paper_tables` (config/README.md):
         table1:
           kind: global           # which model is scored (a kind, or a list: first one present)
           methods: {fedper: {kind: personal}, fedcrc_per: {label: fedcrc, kind: personal}}
+                                 # a label per setting where the settings are variants of one method:
+                                 # {calibre_simclr: {label: {no_reg: calibre_none, ln_lp: calibre}}}
           datasets: {}           # paper dataset -> experiment dataset (default: the same name)
           settings: {}           # paper setting -> partition label, or {dataset: label}
           metrics: {acc: acc_weighted_mean}   # paper metric -> summary column (or {column, kind})
@@ -352,7 +354,9 @@ def resolve_targets(table: Table, mapping: dict | None, inv: Inventory, where: s
             raise ConfigError(f"config key '{where}.{key}': {bad} not in {table.label}; allowed: {values[dim]}")
     table_kinds = _kinds(mapping.get("kind"), f"config key '{where}.kind'")
 
-    methods: dict[str, tuple[str, tuple | None]] = {}
+    # paper method -> (its label, or {paper setting: label} where the paper's settings are variants of
+    # one method, Calibre's L_n/L_p ablation rows; its kinds)
+    methods: dict[str, tuple[str | dict[str, str], tuple | None]] = {}
     for m in values["method"]:
         v = (mapping.get("methods") or {}).get(m, m if m in inv.labels else False)
         if v is False or v is None and m not in inv.labels:
@@ -361,11 +365,18 @@ def resolve_targets(table: Table, mapping: dict | None, inv: Inventory, where: s
             v = {"label": v or m}
         if not isinstance(v, dict) or set(v) - {"label", "kind"}:
             raise ConfigError(f"config key '{where}.methods.{m}' has value {v!r}; allowed: a label, false, or {{label, kind}}")
-        label = str(v.get("label", m))
-        if label not in inv.labels:
-            raise ConfigError(f"config key '{where}.methods.{m}': label {label!r} is not a method of the experiment; "
-                              f"allowed: {', '.join(inv.labels)}")
-        methods[m] = (label, _kinds(v.get("kind"), f"config key '{where}.methods.{m}.kind'"))
+        label = v.get("label", m)
+        per_setting = label if isinstance(label, dict) else {None: label}
+        bad = sorted(set(map(str, per_setting)) - set(values["setting"]) - {"None"})
+        if bad:
+            raise ConfigError(f"config key '{where}.methods.{m}.label': settings {bad} not in {table.label}; "
+                              f"allowed: {values['setting']}")
+        for lab in per_setting.values():
+            if str(lab) not in inv.labels:
+                raise ConfigError(f"config key '{where}.methods.{m}': label {lab!r} is not a method of the experiment; "
+                                  f"allowed: {', '.join(inv.labels)}")
+        methods[m] = ({str(k): str(x) for k, x in label.items()} if isinstance(label, dict) else str(label),
+                      _kinds(v.get("kind"), f"config key '{where}.methods.{m}.kind'"))
     datasets: dict[str, str] = {}
     for d in values["dataset"]:
         v = (mapping.get("datasets") or {}).get(d, d if d in inv.partitions else False)
@@ -414,6 +425,10 @@ def resolve_targets(table: Table, mapping: dict | None, inv: Inventory, where: s
             if part is None:
                 continue
             label, m_kinds = methods[m]
+            if isinstance(label, dict):  # a label per setting
+                if s not in label:
+                    continue
+                label = label[s]
             column, mt_kinds = metrics[mt]
             kinds = m_kinds or mt_kinds or table_kinds or DEFAULT_KINDS
             out[key] = Target(label, datasets[d], part, kinds, column, stand_in=datasets[d] != d)
