@@ -238,3 +238,20 @@ def test_local_linear_trains_alone_and_to_convergence_further(tiny_partition, ma
             losses[epochs] = float(F.cross_entropy(eng.model(c.train.x), c.train.y))
         assert eng.method.local_update(c, {}).params == {}  # nothing travels
     assert losses[None] < losses[1]
+
+
+def test_embedding_of_chosen_clients_and_its_tsne_plot(tiny_partition, make_cell, tmp_path):
+    from fedrepro.report.plots import plot_tsne
+
+    eng = method_engine(tiny_partition, make_cell, "pfl_simclr", {"proj_hidden": 8, "proj_dim": 4, "ft_epochs": 1}, rounds=1)
+    eng.cell["evaluation"] = {**(eng.cell.get("evaluation") or {}), "embed_clients": [0, 2]}
+    metrics = eng.run()
+    emb = metrics["embedding"]
+    sizes = [len(eng.client(i).test) for i in (0, 2)]
+    assert emb["client"] == [0] * sizes[0] + [2] * sizes[1]
+    assert len(emb["x"]) == len(emb["y"]) == len(emb["label"]) == sum(sizes)
+    assert emb["label"] == torch.cat([eng.client(i).test.y for i in (0, 2)]).tolist()
+    assert "embedding" not in method_engine(tiny_partition, make_cell, "fedavg", rounds=1).run()  # only when asked for
+    out = tmp_path / "tsne.png"
+    plot_tsne([metrics], metrics["cell"]["dataset"], metrics["cell"]["partition"], out)
+    assert out.stat().st_size > 1000

@@ -241,8 +241,14 @@ def cmd_plots(args) -> None:
     from .report.plots import plot_client_distribution, plot_curves
 
     cells = load_cells(args.metrics)
-    plot_curves(cells, args.dataset, args.partition, args.curves)
-    plot_client_distribution(cells, args.dataset, args.partition, args.clients)
+    if args.tsne:
+        from .report.plots import plot_tsne
+
+        plot_tsne(cells, args.dataset, args.partition, args.tsne)
+    if args.curves:
+        plot_curves(cells, args.dataset, args.partition, args.curves)
+    if args.clients:
+        plot_client_distribution(cells, args.dataset, args.partition, args.clients)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -341,13 +347,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out-dir", required=True)
     p.set_defaults(func=cmd_tables)
 
-    p = sub.add_parser("plots", help="plot learning curves and per-client accuracy", description="Plot learning curves and "
-                       "per-client accuracy distributions of one dataset/partition from metrics.json files.")
+    p = sub.add_parser("plots", help="plot learning curves and per-client accuracy", description="Plot learning curves, "
+                       "per-client accuracy distributions and t-SNE embeddings of one dataset/partition from metrics.json files.")
     p.add_argument("metrics", nargs="+")
     p.add_argument("--dataset", required=True)
     p.add_argument("--partition", required=True)
-    p.add_argument("--curves", required=True)
-    p.add_argument("--clients", required=True)
+    p.add_argument("--curves", help="learning curves PNG")
+    p.add_argument("--clients", help="per-client accuracy PNG")
+    p.add_argument("--tsne", help="t-SNE PNG of the clients of evaluation.embed_clients")
     p.set_defaults(func=cmd_plots)
 
     p = sub.add_parser("paper-table", help="regenerate a paper table beside the published numbers",

@@ -67,3 +67,23 @@ rule plots:
     shell:
         "fedrepro plots {input:q} --dataset {wildcards.dataset:q} --partition {wildcards.partition:q} "
         "--curves {output.curves:q} --clients {output.clients:q} > {log:q} 2>&1"
+
+
+rule tsne_plot:
+    input:
+        panel_metrics,
+    output:
+        report(
+            f"{OUT}/plots/tsne_{{dataset}}_{{partition}}.png",
+            caption="../report/tsne.rst",
+            category="Representations (t-SNE)",
+            labels={"dataset": "{dataset}", "partition": "{partition}"},
+        ),
+    conda:
+        "../envs/fedrepro.yaml"
+    log:
+        f"{OUT}/logs/tsne_{{dataset}}_{{partition}}.log",
+    localrule: True
+    shell:
+        "fedrepro plots {input:q} --dataset {wildcards.dataset:q} --partition {wildcards.partition:q} "
+        "--tsne {output:q} > {log:q} 2>&1"

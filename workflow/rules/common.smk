@@ -112,12 +112,17 @@ TABLES = [
 ]
 
 
+# clients whose representations are laid out by t-SNE after training (evaluation.embed_clients)
+EMBED_CLIENTS = EXP["cells"] and (EXP["cells"][0]["evaluation"].get("embed_clients") or [])
+
+
 def final_outputs():
     panels = sorted(PARTITIONS)
     return (
         [f"{OUT}/tables/{t}.{ext}" for t in TABLES for ext in ("md", "tex", "csv")]
         + [f"{OUT}/plots/curves_{d}_{p}.png" for d, p in panels]
         + [f"{OUT}/plots/clients_{d}_{p}.png" for d, p in panels]
+        + [f"{OUT}/plots/tsne_{d}_{p}.png" for d, p in panels if EMBED_CLIENTS]
         + [f"{shard_dir(d, p)}.png" for d, p in panels]
         + [f"{OUT}/summary.json"]
         + tuning_outputs()

@@ -582,6 +582,7 @@ class Engine:
         bar.close()
         t3 = time.perf_counter()
         beyond = self.evaluate_beyond(history[-1])
+        embedding = self.embedding((self.cell.get("evaluation") or {}).get("embed_clients") or [])
         eval_time += time.perf_counter() - t3
         resources = {
             "wall_time_s": time.perf_counter() - t0,
@@ -593,8 +594,38 @@ class Engine:
             "resumed_from_round": start - 1,
         }
         trained = [[r for r in self.trained_in[c.id] if r <= rounds] for c in self.clients]
-        return build_metrics(self.cell, self.clients, history, per_round, resources, beyond, self.unseen,
-                             trained, self.untrained_rule, self.method.report())
+        metrics = build_metrics(self.cell, self.clients, history, per_round, resources, beyond, self.unseen,
+                                trained, self.untrained_rule, self.method.report())
+        if embedding is not None:
+            metrics["embedding"] = embedding
+        return metrics
+
+    def embedding(self, ids: list[int]) -> dict[str, Any] | None:
+        """The representations of the test samples of clients `ids` under the model each is scored
+        with (its personalized model, else the global one), laid out in 2-D by scikit-learn's t-SNE
+        (seeded): {client, label, x, y} per sample. None when no client is asked for."""
+        clients = [self._by_id[i] for i in ids if i in self._by_id]
+        if not clients:
+            return None
+        from sklearn.manifold import TSNE
+
+        feats, owner = [], []
+        for c in clients:
+            if self.method.has_personal:
+                params = self._personal(c, "unseen-batches") if c.unseen else self.personal_model(c, self.scored_by(c))
+            else:
+                params = self.method.global_params()
+            if params is None:
+                continue
+            self.set_params(params)
+            feats.append(self.features(c.test.x).flatten(1).cpu())
+            owner += [c.id] * len(c.test)
+        z = torch.cat(feats).numpy()
+        xy = TSNE(2, perplexity=min(30.0, max(1.0, (len(z) - 1) / 3)), init="pca",
+                  random_state=derive_seed(self.seed, "tsne") % 2**31).fit_transform(z)
+        labels = torch.cat([self._by_id[i].test.y.cpu() for i in dict.fromkeys(owner)]).tolist()
+        return {"client": owner, "label": labels, "x": [round(float(v), 4) for v in xy[:, 0]],
+                "y": [round(float(v), 4) for v in xy[:, 1]]}
 
 
 _NO_SCORE = (math.nan, math.nan)  # accuracy and F1 of a client left out (excluded by the untrained rule)

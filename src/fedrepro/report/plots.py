@@ -140,6 +140,37 @@ def plot_client_distribution(cells: list[dict], dataset: str, partition: str, ou
     _save(fig, out_path)
 
 
+def plot_tsne(cells: list[dict], dataset: str, partition: str, out_path: str | Path) -> None:
+    """t-SNE of the chosen clients' test representations (`evaluation.embed_clients`), one panel per
+    label at its lowest seed: colour = class, marker = client (Calibre's Fig. 5)."""
+    cells = [c for c in _in(cells, dataset, partition) if is_ok(c) and c.get("embedding")]
+    first: dict[str, dict] = {}
+    for c in sorted(cells, key=lambda c: cell_ident(c)["seed"]):
+        first.setdefault(cell_ident(c)["label"], c)
+    n = max(1, len(first))
+    cols = min(4, n)
+    rows = -(-n // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(3.6 * cols, 3.4 * rows), layout="constrained", squeeze=False)
+    markers = "o^sDvP*Xh<>p"
+    cmap = plt.get_cmap("tab10")
+    for ax, (label, c) in zip(axes.flat, first.items()):
+        emb = c["embedding"]
+        x, y = np.asarray(emb["x"]), np.asarray(emb["y"])
+        lab, owner = np.asarray(emb["label"]), np.asarray(emb["client"])
+        for j, cid in enumerate(dict.fromkeys(owner.tolist())):
+            mine = owner == cid
+            ax.scatter(x[mine], y[mine], c=[cmap(int(k) % 10) for k in lab[mine]], marker=markers[j % len(markers)],
+                       s=12, alpha=0.8, label=f"client {cid}")
+        ax.set(title=f"{label} (seed {cell_ident(c)['seed']})", xticks=[], yticks=[])
+        ax.legend(fontsize="x-small", markerscale=1.2, loc="best")
+    for ax in list(axes.flat)[len(first):]:
+        ax.axis("off")
+    if not first:
+        _no_data(axes.flat[0], "no embeddings (evaluation.embed_clients)")
+    fig.suptitle(f"{dataset} / {partition}: t-SNE of test representations (colour: class, marker: client)")
+    _save(fig, out_path)
+
+
 def _counts(manifest: dict) -> np.ndarray:
     """(clients, classes) label counts summed over the splits (train + test + val)."""
     clients = manifest.get("clients") or []
