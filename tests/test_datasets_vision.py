@@ -555,3 +555,34 @@ def test_prepare_present_files_needs_no_torchvision_download(tmp_path, monkeypat
         make(name, tmp_path / name, monkeypatch)
         prepare_dataset(name, tmp_path / name)
     assert no_network == []
+
+
+def test_stl10_unlabeled_pool_reaches_the_training_clients_ssl_data(tmp_path, monkeypatch):
+    """dataset param `unlabeled`: the images join as a pool that the partition spreads over the
+    training clients (not the novel ones) as split 'unlabeled', label -1; the SSL stage's data
+    (`Client.ssl_pool`) is train + that share."""
+    import torch
+
+    from fedrepro.data.shards import load_partition, write_partition
+    from fedrepro.engine.data import load_clients
+
+    make("stl10", tmp_path, monkeypatch, n_tr=6, n_te=4, n_unl=5)
+    raw = load_dataset("stl10", tmp_path, {"unlabeled": 5})
+    np.testing.assert_array_equal(raw.unlabeled, write_stl10.unlabeled)
+    assert load_dataset("stl10", tmp_path).unlabeled is None and raw.fingerprint() != load_dataset("stl10", tmp_path).fingerprint()
+    spec = {"dataset": "stl10", "dataset_params": {"unlabeled": 5}, "partitioner": "iid", "num_clients": 3,
+            "unseen_clients": 1, "split": {"test_fraction": 0.25}}
+    manifest = write_partition(raw, spec, tmp_path / "part")
+    novel = [c["id"] for c in manifest["clients"] if c["unseen"]]
+    shares = {c["id"]: c["sizes"]["unlabeled"] for c in manifest["clients"]}
+    assert sum(shares.values()) == 5 and all(shares[i] == 0 for i in novel) and all(v >= 2 for i, v in shares.items() if i not in novel)
+    clients = load_clients(*load_partition(tmp_path / "part"), torch.device("cpu"))
+    got = torch.cat([c.unlabeled.x for c in clients if c.unlabeled is not None])
+    assert len(got) == 5 and all((c.unlabeled.y == -1).all() for c in clients if c.unlabeled is not None)
+    mean = torch.tensor(raw.mean).view(1, 3, 1, 1)
+    std = torch.tensor(raw.std).view(1, 3, 1, 1)
+    want = (torch.from_numpy(write_stl10.unlabeled).float() / 255 - mean) / std
+    assert sorted(got.sum((1, 2, 3)).tolist()) == pytest.approx(sorted(want.sum((1, 2, 3)).tolist()), rel=1e-5)
+    for c in clients:  # the labelled splits are untouched; the SSL data adds the share
+        assert len(c.ssl_pool) == len(c.train) + (len(c.unlabeled) if c.unlabeled is not None else 0)
+        assert (c.train.y >= 0).all()

@@ -255,3 +255,19 @@ def test_embedding_of_chosen_clients_and_its_tsne_plot(tiny_partition, make_cell
     out = tmp_path / "tsne.png"
     plot_tsne([metrics], metrics["cell"]["dataset"], metrics["cell"]["partition"], out)
     assert out.stat().st_size > 1000
+
+
+def test_ssl_stage_trains_on_the_unlabeled_share_too(tiny_partition, make_cell):
+    from fedrepro.engine.data import Split
+
+    seen = {}
+    for use in (True, False):
+        eng = method_engine(tiny_partition, make_cell, "pfl_simclr", {"proj_hidden": 8, "proj_dim": 4, "use_unlabeled": use})
+        eng.method.setup()
+        eng.round = 1
+        c = eng.clients[0]
+        c.unlabeled = Split(c.train.x[:7].clone(), torch.full((7,), -1))
+        eng.set_params(eng.method.server["global"])
+        seen[use] = eng.method.ssl_fit(c)[1]
+        c.unlabeled, c._ssl_pool = None, None
+    assert seen[True] - seen[False] == 7

@@ -23,6 +23,8 @@ class RawDataset:
     official_split: (N,) int8, 0 = the dataset's official train set, 1 = official test set.
     mean/std: per-channel normalisation applied when the data is loaded for training.
     groups: optional named per-sample id arrays (e.g. the generating user of Synthetic).
+    unlabeled: optional (M, *sample_shape) images without labels, not rows of the dataset (STL-10's
+       100,000): the partition spreads them over the training clients for self-supervised training.
     """
 
     name: str
@@ -34,6 +36,7 @@ class RawDataset:
     std: tuple[float, ...]
     source: str
     groups: dict[str, np.ndarray] = field(default_factory=dict)
+    unlabeled: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         n = len(self.y)
@@ -49,7 +52,7 @@ class RawDataset:
     def fingerprint(self) -> str:
         """sha256 over the arrays' bytes, shapes and dtypes: identifies the source data."""
         h = hashlib.sha256()
-        for arr in (self.x, self.y, self.official_split):
+        for arr in (self.x, self.y, self.official_split) + (() if self.unlabeled is None else (self.unlabeled,)):
             a = np.ascontiguousarray(arr)
             h.update(f"{a.dtype.str}{a.shape}".encode())
             h.update(a.data)

@@ -37,6 +37,7 @@ from .base import RawDataset
 from .partitioners import PARTITIONERS, split_client
 
 SPLITS = ("train", "test", "val")
+UNLABELED = "unlabeled"  # split code 3: rows of RawDataset.unlabeled (label -1), self-supervised data only
 FORMAT = "fedrepro.shards/2"  # 2: unseen clients, scarcity, the official test set
 MANIFEST = "manifest.json"
 OFFICIAL_TEST = "official_test.parquet"
@@ -154,7 +155,16 @@ def make_partition(raw: RawDataset, spec: dict[str, Any]) -> list[dict[str, np.n
             frac = float(srng.uniform(frac[0], frac[-1])) if isinstance(frac, list) else frac
             clients[cid] = scarce(clients[cid], raw.y, frac, srng)
     split = spec["split"]
-    return [split_client(idx, raw.y, rng, split["test_fraction"], split["val_fraction"], split["stratify"]) for idx in clients]
+    out = [split_client(idx, raw.y, rng, split["test_fraction"], split["val_fraction"], split["stratify"]) for idx in clients]
+    if raw.unlabeled is not None and len(raw.unlabeled):
+        # the unlabeled pool, iid in equal shares over the training clients (novel clients get none)
+        training = [cid for cid in range(len(out)) if cid not in set(unseen_client_ids(spec))]
+        order = np.random.default_rng(derive_seed(spec["seed"], "unlabeled")).permutation(len(raw.unlabeled))
+        for cid in range(len(out)):
+            out[cid][UNLABELED] = np.zeros(0, np.int64)
+        for cid, share in zip(training, np.array_split(order, len(training))):
+            out[cid][UNLABELED] = np.sort(share)
+    return out
 
 
 def write_partition(raw: RawDataset, spec: dict[str, Any], out_dir: str | os.PathLike) -> dict[str, Any]:
@@ -171,18 +181,24 @@ def write_partition(raw: RawDataset, spec: dict[str, Any], out_dir: str | os.Pat
     tmp_dir = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
     try:
         x2d = np.ascontiguousarray(raw.x).reshape(len(raw.x), -1).view(np.uint8)
+        u2d = None if raw.unlabeled is None else np.ascontiguousarray(raw.unlabeled).reshape(len(raw.unlabeled), -1).view(np.uint8)
+        if u2d is not None and raw.groups:
+            raise ValueError(f"{raw.name}: an unlabeled pool and per-sample groups together are not supported")
         meta = {b"fedrepro.sample_shape": str(list(raw.sample_shape)).encode(), b"fedrepro.dtype": raw.x.dtype.str.encode(),
                 b"fedrepro.partition_id": pid.encode()}
         files: dict[str, str] = {}
 
         def write_shard(fname: str, splits: dict[str, np.ndarray], owner: str) -> None:
             rows = np.concatenate([splits[s] for s in SPLITS])
-            split_code = np.concatenate([np.full(len(splits[s]), i, np.int8) for i, s in enumerate(SPLITS)])
+            free = splits.get(UNLABELED, np.zeros(0, np.int64))  # rows of the unlabeled pool, indexed after the dataset's
+            split_code = np.concatenate([np.full(len(splits[s]), i, np.int8) for i, s in enumerate(SPLITS)]
+                                        + [np.full(len(free), len(SPLITS), np.int8)])
+            xbytes = x2d[rows].tobytes() + (u2d[free].tobytes() if len(free) else b"")
             columns = {
-                "index": pa.array(rows, pa.int64()),
-                "label": pa.array(raw.y[rows], pa.int64()),
+                "index": pa.array(np.concatenate([rows, len(raw.y) + free]), pa.int64()),
+                "label": pa.array(np.concatenate([raw.y[rows], np.full(len(free), -1)]), pa.int64()),
                 "split": pa.array(split_code, pa.int8()),
-                "x": pa.FixedSizeBinaryArray.from_buffers(pa.binary(x2d.shape[1]), len(rows), [None, pa.py_buffer(x2d[rows].tobytes())]),
+                "x": pa.FixedSizeBinaryArray.from_buffers(pa.binary(x2d.shape[1]), len(rows) + len(free), [None, pa.py_buffer(xbytes)]),
             }
             for gname, garr in raw.groups.items():
                 columns[f"group_{gname}"] = pa.array(np.asarray(garr)[rows], pa.int64())
@@ -193,7 +209,7 @@ def write_partition(raw: RawDataset, spec: dict[str, Any], out_dir: str | os.Pat
         def describe(splits: dict[str, np.ndarray]) -> dict[str, Any]:
             rows = np.concatenate([splits[s] for s in SPLITS])
             return {
-                "sizes": {s: int(len(splits[s])) for s in SPLITS},
+                "sizes": {s: int(len(splits[s])) for s in SPLITS} | ({UNLABELED: int(len(splits[UNLABELED]))} if UNLABELED in splits else {}),
                 "class_counts": {s: np.bincount(raw.y[splits[s]], minlength=raw.num_classes).tolist() for s in SPLITS},
                 # the per-sample ids a client holds (its domain, its patient), where there are few
                 "groups": {g: ids.tolist() for g, garr in raw.groups.items()
@@ -283,7 +299,7 @@ def read_shard(path: str | os.PathLike, manifest: dict[str, Any], owner: int | s
     y = table.column("label").to_numpy()
     split = table.column("split").to_numpy()
     xs, ys = {}, {}
-    for code, name in enumerate(SPLITS):
+    for code, name in enumerate(SPLITS + (UNLABELED,)):
         mask = split == code
         xs[name], ys[name] = x[mask], y[mask]
     return ClientShard(owner, xs, ys)

@@ -100,6 +100,7 @@ class TorchvisionSource:
     classes_for: Callable[[Params], int] | None = None  # num_classes as a function of params
     postprocess: Callable[[np.ndarray, np.ndarray, Params], tuple[np.ndarray, np.ndarray]] | None = None
     check_file: Callable[[Path], None] | None = None  # extra validation of a present file (offline, cheap)
+    unlabeled: Callable[[Path, Params], np.ndarray | None] | None = None  # images without labels (RawDataset.unlabeled)
 
     @property
     def source(self) -> str:
@@ -273,6 +274,7 @@ def load_torchvision(src: TorchvisionSource, root: Path, params: Params) -> RawD
         mean=tuple(mean),
         std=tuple(std),
         source=src.source,
+        unlabeled=src.unlabeled(root, params) if src.unlabeled is not None else None,
     )
 
 
@@ -533,6 +535,10 @@ register(
         # public training scripts). Lightning-Bolts' stl10_normalization uses the coarser (0.43, 0.42, 0.39),
         # (0.27, 0.26, 0.27).
         stats=_const(((0.4467, 0.4398, 0.4066), (0.2603, 0.2566, 0.2713))),
+        params={"unlabeled": Param(0, "how many of the 100,000 unlabelled images (the first k in file order) join as an unlabeled "
+                                      "pool, spread iid over the training clients for the self-supervised stage (Calibre); "
+                                      "0 = none, 100000 = all (2.8 GB as uint8)", int, minimum=0, maximum=100_000)},
+        unlabeled=lambda root, params: load_stl10_unlabeled(root)[: params["unlabeled"]] if params["unlabeled"] else None,
     )
 )
 

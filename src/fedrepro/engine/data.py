@@ -36,6 +36,17 @@ class Client:
     state: dict[str, Any] = field(default_factory=dict)
     unseen: bool = False  # held out of training, evaluated after it
     groups: dict[str, list[int]] = field(default_factory=dict)  # the per-sample group ids it holds (manifest)
+    unlabeled: Split | None = None  # its share of an unlabeled pool (STL-10's), for self-supervised training only
+    _ssl_pool: Split | None = field(default=None, repr=False)
+
+    @property
+    def ssl_pool(self) -> Split:
+        """The data a self-supervised stage trains on: the train split, plus the unlabeled share."""
+        if self.unlabeled is None or not len(self.unlabeled):
+            return self.train
+        if self._ssl_pool is None:
+            self._ssl_pool = Split(torch.cat([self.train.x, self.unlabeled.x]), torch.cat([self.train.y, self.unlabeled.y]))
+        return self._ssl_pool
 
     @property
     def num_train(self) -> int:
@@ -90,8 +101,10 @@ def load_clients(manifest: dict, shards: list[ClientShard], device: torch.device
             arrays["test"] = arrays["val"]
         splits = {name: to_split(x, y, mean, std, device) for name, (x, y) in arrays.items()}
         entry = manifest["clients"][s.id]
+        free = s.x.get("unlabeled")
+        unlabeled = to_split(free, s.y["unlabeled"], mean, std, device) if free is not None and len(free) else None
         clients.append(Client(s.id, splits["train"], splits["test"], splits["val"], unseen=bool(entry.get("unseen", False)),
-                              groups=dict(entry.get("groups") or {})))
+                              groups=dict(entry.get("groups") or {}), unlabeled=unlabeled))
     return clients
 
 

@@ -40,6 +40,8 @@ SSL_HPARAMS: dict[str, Param] = {
                               "ImageNet; a client of Calibre's setting holds 500 samples)", int, minimum=1),
     "swav_prototypes": Param(3000, "SwAV prototypes (SwAV paper's CIFAR value, lightly's default)", int, minimum=1),
     "smog_groups": Param(300, "SMoG groups (lightly's SMoG example)", int, minimum=1),
+    "use_unlabeled": Param(True, "train the SSL stage on the client's share of the dataset's unlabeled pool too (STL-10's "
+                                 "100,000 images, dataset param `unlabeled`), beside its train split", bool),
     "smog_reset_every": Param(300, "SMoG: re-cluster the groups from the memory bank every this many local steps of a client's "
                                    "cell-long step count (lightly's SMoG example); 0 = never", int, minimum=0),
     **{**FINETUNE_HPARAMS,
@@ -109,7 +111,8 @@ class FederatedSSL(Method):
         opt = eng.optimizer(params)
         progress = (eng.round - 1) / max(1, eng.training["rounds"])  # the target momentum's schedule, per round
         total, seen = torch.zeros((), device=eng.device), 0
-        for x, _ in eng.batches(client):  # labels are not used in the training stage
+        split = "ssl_pool" if self.hp["use_unlabeled"] else "train"  # the train split (+ an unlabeled share, STL-10)
+        for x, _ in eng.batches(client, split=split):  # labels are not used in the training stage
             if len(x) < 2:  # a contrastive loss and BatchNorm need two samples
                 continue
             out = self.ssl.loss(model, *self.views(x))
