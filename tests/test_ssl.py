@@ -271,3 +271,38 @@ def test_ssl_stage_trains_on_the_unlabeled_share_too(tiny_partition, make_cell):
         seen[use] = eng.method.ssl_fit(c)[1]
         c.unlabeled, c._ssl_pool = None, None
     assert seen[True] - seen[False] == 7
+
+
+@pytest.mark.parametrize("name", ["calibre", "pfl_smog", "pfl_mocov2", "fedema"])
+def test_ssl_cells_reproduce_and_resume_exactly(tiny_partition, make_cell, tmp_path, monkeypatch, name):
+    """Same seed, same metrics; a run killed after round 2 and resumed from its checkpoint ends
+    where the uninterrupted run ends (client-local queues, banks and step counts included)."""
+    import copy
+
+    from fedrepro.engine.run import train_cell
+    from fedrepro.methods import METHODS
+
+    cell = make_cell("fedavg", rounds=4, checkpoint_every=1, eval_every=2)
+    cell.update(method=name, label=name, hparams={**{k: p.default for k, p in METHODS.get(name).hparams.items()},
+                                                  "proj_hidden": 8, "proj_dim": 4, "queue_size": 16, "smog_groups": 4,
+                                                  "smog_reset_every": 3, "ft_epochs": 1})
+    strip = lambda m: {k: v for k, v in m.items() if k != "resources"}
+    full = train_cell(copy.deepcopy(cell), tiny_partition[0], tmp_path / "a", progress=False)
+    again = train_cell(copy.deepcopy(cell), tiny_partition[0], tmp_path / "b", progress=False)
+    assert strip(full) == strip(again)
+    cls = METHODS.get(name)
+    original = cls.aggregate
+
+    def crash_in_round_3(self, updates):
+        if self.engine.round == 3:
+            raise KeyboardInterrupt("simulated kill")
+        return original(self, updates)
+
+    ckpt = tmp_path / "ckpt.pt"
+    monkeypatch.setattr(cls, "aggregate", crash_in_round_3)
+    with pytest.raises(KeyboardInterrupt):
+        train_cell(copy.deepcopy(cell), tiny_partition[0], tmp_path / "c", checkpoint=ckpt, progress=False)
+    monkeypatch.setattr(cls, "aggregate", original)
+    resumed = train_cell(copy.deepcopy(cell), tiny_partition[0], tmp_path / "c", checkpoint=ckpt, progress=False)
+    assert resumed["resources"]["resumed_from_round"] == 2
+    assert strip(resumed) == strip(full)

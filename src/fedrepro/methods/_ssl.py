@@ -42,8 +42,8 @@ SSL_HPARAMS: dict[str, Param] = {
     "smog_groups": Param(300, "SMoG groups (lightly's SMoG example)", int, minimum=1),
     "use_unlabeled": Param(True, "train the SSL stage on the client's share of the dataset's unlabeled pool too (STL-10's "
                                  "100,000 images, dataset param `unlabeled`), beside its train split", bool),
-    "smog_reset_every": Param(300, "SMoG: re-cluster the groups from the memory bank every this many local steps of a client's "
-                                   "cell-long step count (lightly's SMoG example); 0 = never", int, minimum=0),
+    "smog_reset_every": Param(300, "SMoG: re-cluster the groups from the client's memory bank every this many of its local "
+                                   "steps, counted over the cell (lightly's SMoG example); 0 = never", int, minimum=0),
     **{**FINETUNE_HPARAMS,
        "ft_fresh_head": Param(True, "the personalization stage trains a fresh linear head (the seeded initial one) on the frozen "
                                     "encoder, as Calibre's personalization (methods.md §2.5)", bool)},

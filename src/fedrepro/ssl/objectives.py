@@ -304,7 +304,7 @@ class SMoG(Objective):
         return ViewsOutput(nn.functional.cross_entropy(logits, assignments), za, zb, ha, hb)
 
     def after_step(self, model, progress):
-        every = self.hp["smog_reset_every"]
+        every = self.hp["smog_reset_every"]  # in the client's own local steps
         if self.steps > 0 and every and self.steps % every == 0:
             self._reset(model)
             self.steps += 1
@@ -323,11 +323,16 @@ class SMoG(Objective):
         model.target_extractor.load_state_dict(model.extractor.state_dict())
         model.target_projector.load_state_dict(model.projector.state_dict())
 
+    # The memory bank and the step count (view swap, reset schedule) are the client's own: they are
+    # checkpointed with its state, so a resumed run ends where an uninterrupted one does.
     def local_state(self):
-        return {"bank": self.bank.bank.detach().clone(), "ptr": self.bank.bank_ptr.detach().clone()}
+        return {"bank": self.bank.bank.detach().clone(), "ptr": self.bank.bank_ptr.detach().clone(),
+                "steps": torch.tensor(self.steps)}
 
     def load_local_state(self, state):
         if state:
             self.bank.bank, self.bank.bank_ptr = state["bank"].clone(), state["ptr"].clone()
+            self.steps = int(state["steps"])
         else:
             self.bank._init_memory_bank(self.bank.size)
+            self.steps = 0
