@@ -112,3 +112,26 @@ def method_engine(tiny_partition, make_cell, name: str, hparams: dict | None = N
         cell["model"] = copy.deepcopy(TINY_MODELS[METHODS.get(name).models[0]])
     manifest, shards = load_partition(tiny_partition[0])
     return Engine(cell, manifest, load_clients(manifest, shards, torch.device("cpu")), torch.device("cpu"), progress=False)
+
+
+def kill_in_round_3_and_resume(monkeypatch, method: str, train, ckpt: Path, out_dir: Path | None = None) -> dict:
+    """`train()` (a checkpointed run into `out_dir`) killed in round 3's aggregation, then rerun:
+    the resumed metrics. Between the two, the checkpoint exists and no metrics were written."""
+    from fedrepro.methods import METHODS
+
+    cls = METHODS.get(method)
+    original = cls.aggregate
+
+    def crash_in_round_3(self, updates):
+        if self.engine.round == 3:
+            raise KeyboardInterrupt("simulated kill")
+        return original(self, updates)
+
+    monkeypatch.setattr(cls, "aggregate", crash_in_round_3)
+    with pytest.raises(KeyboardInterrupt):
+        train()
+    assert ckpt.exists() and not (out_dir and (out_dir / "metrics.json").exists())
+    monkeypatch.setattr(cls, "aggregate", original)
+    resumed = train()
+    assert resumed["resources"]["resumed_from_round"] == 2
+    return resumed

@@ -20,7 +20,7 @@ from fedrepro.engine.run import train_cell
 from fedrepro.methods import METHODS, Update, weighted_average
 from fedrepro.metrics import STATS
 
-from conftest import REPO, fit_cell_to_method
+from conftest import REPO, fit_cell_to_method, kill_in_round_3_and_resume
 
 
 def engine_for(cell, shards):
@@ -158,21 +158,8 @@ def test_resume_after_crash_gives_the_uninterrupted_result(tiny_partition, make_
     cell = make_cell("fedavg_ft", rounds=4, checkpoint_every=1, eval_every=1)
     full = train_cell(cell, tiny_partition[0], tmp_path / "full", progress=False)
     ckpt = tmp_path / "ckpt.pt"
-    method_cls = METHODS.get("fedavg_ft")
-    original = method_cls.aggregate
-
-    def crash_in_round_3(self, updates):
-        if self.engine.round == 3:
-            raise KeyboardInterrupt("simulated kill")
-        return original(self, updates)
-
-    monkeypatch.setattr(method_cls, "aggregate", crash_in_round_3)
-    with pytest.raises(KeyboardInterrupt):
-        train_cell(cell, tiny_partition[0], tmp_path / "resumed", checkpoint=ckpt, progress=False)
-    assert ckpt.exists() and not (tmp_path / "resumed" / "metrics.json").exists()
-    monkeypatch.setattr(method_cls, "aggregate", original)
-    resumed = train_cell(cell, tiny_partition[0], tmp_path / "resumed", checkpoint=ckpt, progress=False)
-    assert resumed["resources"]["resumed_from_round"] == 2
+    run = lambda: train_cell(cell, tiny_partition[0], tmp_path / "resumed", checkpoint=ckpt, progress=False)
+    resumed = kill_in_round_3_and_resume(monkeypatch, "fedavg_ft", run, ckpt, tmp_path / "resumed")
     assert strip_timing(resumed) == strip_timing(full)
     assert not ckpt.exists()  # removed once the cell completed
 

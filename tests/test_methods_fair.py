@@ -18,6 +18,7 @@ from fedrepro.methods._fair import global_loss, loss_std, power_weights, project
 from fedrepro.methods.afl import ascend_lambda
 from fedrepro.methods.grp_fed import discriminator_loss, next_power
 
+from conftest import kill_in_round_3_and_resume
 from test_engine import engine_for, strip_timing
 
 
@@ -423,18 +424,6 @@ def test_resume_after_crash_gives_the_uninterrupted_result(tiny_partition, make_
     cell.update(method=label, label=label, hparams={**defaults, **hp})
     full = train_cell(cell, tiny_partition[0], tmp_path / "full", progress=False)
     ckpt = tmp_path / "ckpt.pt"
-    cls = METHODS.get(label)
-    original = cls.aggregate
-
-    def crash_in_round_3(self, updates):
-        if self.engine.round == 3:
-            raise KeyboardInterrupt("simulated kill")
-        return original(self, updates)
-
-    monkeypatch.setattr(cls, "aggregate", crash_in_round_3)
-    with pytest.raises(KeyboardInterrupt):
-        train_cell(cell, tiny_partition[0], tmp_path / "resumed", checkpoint=ckpt, progress=False)
-    monkeypatch.setattr(cls, "aggregate", original)
-    resumed = train_cell(cell, tiny_partition[0], tmp_path / "resumed", checkpoint=ckpt, progress=False)
-    assert resumed["resources"]["resumed_from_round"] == 2
+    run = lambda: train_cell(cell, tiny_partition[0], tmp_path / "resumed", checkpoint=ckpt, progress=False)
+    resumed = kill_in_round_3_and_resume(monkeypatch, label, run, ckpt)
     assert strip_timing(resumed) == strip_timing(full)

@@ -15,7 +15,7 @@ from fedrepro.methods.calibre import (divergence_rate, divergence_weights, proto
 from fedrepro.models import SplitModel
 from fedrepro.ssl.objectives import OBJECTIVES
 
-from conftest import method_engine
+from conftest import kill_in_round_3_and_resume, method_engine
 
 HP = {"temperature": 0.5, "proj_hidden": 8, "proj_dim": 4, "target_momentum": None, "queue_size": 8,
       "swav_prototypes": 5, "smog_groups": 3, "smog_reset_every": 0}
@@ -290,19 +290,7 @@ def test_ssl_cells_reproduce_and_resume_exactly(tiny_partition, make_cell, tmp_p
     full = train_cell(copy.deepcopy(cell), tiny_partition[0], tmp_path / "a", progress=False)
     again = train_cell(copy.deepcopy(cell), tiny_partition[0], tmp_path / "b", progress=False)
     assert strip(full) == strip(again)
-    cls = METHODS.get(name)
-    original = cls.aggregate
-
-    def crash_in_round_3(self, updates):
-        if self.engine.round == 3:
-            raise KeyboardInterrupt("simulated kill")
-        return original(self, updates)
-
     ckpt = tmp_path / "ckpt.pt"
-    monkeypatch.setattr(cls, "aggregate", crash_in_round_3)
-    with pytest.raises(KeyboardInterrupt):
-        train_cell(copy.deepcopy(cell), tiny_partition[0], tmp_path / "c", checkpoint=ckpt, progress=False)
-    monkeypatch.setattr(cls, "aggregate", original)
-    resumed = train_cell(copy.deepcopy(cell), tiny_partition[0], tmp_path / "c", checkpoint=ckpt, progress=False)
-    assert resumed["resources"]["resumed_from_round"] == 2
+    run = lambda: train_cell(copy.deepcopy(cell), tiny_partition[0], tmp_path / "c", checkpoint=ckpt, progress=False)
+    resumed = kill_in_round_3_and_resume(monkeypatch, name, run, ckpt, tmp_path / "c")
     assert strip(resumed) == strip(full)

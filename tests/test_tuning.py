@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import REPO, TINY_HPARAMS, TINY_MODELS, tiny_config
+from conftest import REPO, TINY_HPARAMS, TINY_MODELS, kill_in_round_3_and_resume, tiny_config
 from fedrepro.cli import main
 from fedrepro.config import resolve_experiment
 from fedrepro.data.shards import load_partition
@@ -191,22 +191,9 @@ def test_a_trial_scores_validation_deterministically_and_a_killed_trial_resumes(
     assert full["summary"] == full["summary_val"]  # no test data in a trial: its "test" scores are validation ones
     assert full["clients"]["val_size"] == [len(c.val) for c in load_clients(*load_partition(tiny_partition[0]), CPU,
                                                                              val_from_train=0.25, seed=0)]
-    method_cls = METHODS.get("fedprox")
-    original = method_cls.aggregate
-
-    def crash_in_round_3(self, updates):
-        if self.engine.round == 3:
-            raise KeyboardInterrupt("simulated kill")
-        return original(self, updates)
-
     ckpt = tmp_path / "ckpt.pt"
-    monkeypatch.setattr(method_cls, "aggregate", crash_in_round_3)
-    with pytest.raises(KeyboardInterrupt):
-        train_cell(cell, tiny_partition[0], tmp_path / "resumed", checkpoint=ckpt, progress=False)
-    assert ckpt.exists()
-    monkeypatch.setattr(method_cls, "aggregate", original)
-    resumed = train_cell(cell, tiny_partition[0], tmp_path / "resumed", checkpoint=ckpt, progress=False)
-    assert resumed["resources"]["resumed_from_round"] == 2
+    run = lambda: train_cell(cell, tiny_partition[0], tmp_path / "resumed", checkpoint=ckpt, progress=False)
+    resumed = kill_in_round_3_and_resume(monkeypatch, "fedprox", run, ckpt)
     for key in ("summary_val", "final_val", "summary", "final"):
         assert resumed[key] == full[key]
 
