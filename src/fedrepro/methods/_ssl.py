@@ -25,7 +25,7 @@ import torch
 from ..registry import Param
 from ..ssl.objectives import OBJECTIVES, Objective
 from ._finetune import FINETUNE_HPARAMS, finetuned_personal_params
-from .base import Method, Update, select
+from .base import Method, Update
 
 SSL_HPARAMS: dict[str, Param] = {
     "temperature": Param(0.2, "temperature of NT-Xent (SimCLR, Calibre's l_s: Calibre config loss_criterion.temperature), MoCo v2's "
@@ -149,4 +149,4 @@ def pfl_ssl(objective: str, name: str, paper: str) -> type[FederatedSSL]:
     })
 
 
-__all__ = ["SSL_HPARAMS", "FederatedSSL", "pfl_ssl", "select"]
+__all__ = ["SSL_HPARAMS", "FederatedSSL", "pfl_ssl"]
