@@ -26,7 +26,7 @@ CELLS = {
     "fedcrc": {"table1": 84, "table2": 18, "table3": 16},
     "grp_fed": {"table1": 64},
     "fedcosr": {"table2": 204, "table3": 204, "fairness": 2, "scarcity": 0},
-    "calibre": {"table1": 12},
+    "calibre": {"table1": 12, "methods": 0},  # methods: Figs. 3-4, plots only in the paper
     "fedgcr": {"table1": 72, "table2": 72, "table3": 15, "table4": 24, "table5": 12},
 }
 
