@@ -157,10 +157,11 @@ def plot_tsne(cells: list[dict], dataset: str, partition: str, out_path: str | P
         emb = c["embedding"]
         x, y = np.asarray(emb["x"]), np.asarray(emb["y"])
         lab, owner = np.asarray(emb["label"]), np.asarray(emb["client"])
+        novel = set((c.get("clients") or {}).get("unseen_ids") or [])
         for j, cid in enumerate(dict.fromkeys(owner.tolist())):
             mine = owner == cid
             ax.scatter(x[mine], y[mine], c=[cmap(int(k) % 10) for k in lab[mine]], marker=markers[j % len(markers)],
-                       s=12, alpha=0.8, label=f"client {cid}")
+                       s=12, alpha=0.8, label=f"client {cid}" + (" (novel)" if cid in novel else ""))
         ax.set(title=f"{label} (seed {cell_ident(c)['seed']})", xticks=[], yticks=[])
         ax.legend(fontsize="x-small", markerscale=1.2, loc="best")
     for ax in list(axes.flat)[len(first):]:
