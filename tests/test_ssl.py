@@ -294,3 +294,13 @@ def test_ssl_cells_reproduce_and_resume_exactly(tiny_partition, make_cell, tmp_p
     run = lambda: train_cell(copy.deepcopy(cell), tiny_partition[0], tmp_path / "c", checkpoint=ckpt, progress=False)
     resumed = kill_in_round_3_and_resume(monkeypatch, name, run, ckpt, tmp_path / "c")
     assert strip(resumed) == strip(full)
+
+
+def test_embed_clients_beyond_a_partition_is_a_config_error():
+    from fedrepro.config import resolve_experiment
+    from fedrepro.registry import ConfigError
+
+    from conftest import tiny_config
+
+    with pytest.raises(ConfigError, match=r"evaluation.embed_clients' has value \[1, 4\]; allowed: client ids below 4"):
+        resolve_experiment({**tiny_config(), "evaluation": {"embed_clients": [1, 4]}})

@@ -289,6 +289,11 @@ def resolve_experiment(config: dict) -> dict[str, Any]:
             partitions.append({"dataset": ds, "label": label, "id": partition_id(spec), "spec": resolved})
     base_training = config.get("training") or {}
     evaluation = _merge(EVALUATION_DEFAULTS, config.get("evaluation"))
+    for part in partitions:
+        n = part["spec"]["num_clients"]
+        if any(i >= n for i in evaluation.get("embed_clients") or []):
+            raise ConfigError(f"config key 'evaluation.embed_clients' has value {evaluation['embed_clients']}; allowed: client ids "
+                              f"below {n}, the number of clients of partition '{part['label']}' ({part['dataset']})")
     cells = []
     methods = {}
     for label, m in config["methods"].items():

@@ -620,6 +620,8 @@ class Engine:
             self.set_params(params)
             feats.append(self.features(c.test.x).flatten(1).cpu())
             owner += [c.id] * len(c.test)
+        if not feats:  # every chosen client excluded by the untrained rule
+            return None
         z = torch.cat(feats).numpy()
         xy = TSNE(2, perplexity=min(30.0, max(1.0, (len(z) - 1) / 3)), init="pca",
                   random_state=derive_seed(self.seed, "tsne") % 2**31).fit_transform(z)
