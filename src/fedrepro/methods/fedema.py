@@ -45,6 +45,7 @@ class FedEMA(FederatedSSL):
         local = client.state.get("local")
         if local is None:
             return payload
+        local = {k: v.to(payload[k].device) for k, v in local.items()}
         enc = [k for k in payload if k.startswith("extractor.") and payload[k].is_floating_point()]
         div = float(torch.sqrt(sum(((local[k] - payload[k]) ** 2).sum() for k in enc)))
         if "lambda" not in client.state and div > 0:
@@ -54,5 +55,5 @@ class FedEMA(FederatedSSL):
 
     def local_update(self, client, payload):
         update = super().local_update(client, payload)
-        client.state["local"] = {k: v.clone() for k, v in update.params.items()}
+        client.state["local"] = {k: v.to("cpu", copy=True) for k, v in update.params.items()}  # host memory: one model per client
         return update
