@@ -304,3 +304,20 @@ def test_embed_clients_beyond_a_partition_is_a_config_error():
 
     with pytest.raises(ConfigError, match=r"evaluation.embed_clients' has value \[1, 4\]; allowed: client ids below 4"):
         resolve_experiment({**tiny_config(), "evaluation": {"embed_clients": [1, 4]}})
+
+
+def test_lars_adapts_matrices_and_leaves_biases_to_plain_sgd():
+    """One step from zero momentum: a bias moves by -lr * grad (no decay, no trust ratio); a weight
+    matrix by -lr * 0.02 * ||w|| / (||g|| + wd ||w||) * (g + wd w)."""
+    from fedrepro.engine.engine import OPTIMIZERS
+
+    torch.manual_seed(0)
+    layer = nn.Linear(3, 2)
+    w0, b0 = layer.weight.detach().clone(), layer.bias.detach().clone()
+    opt = OPTIMIZERS["lars"](layer.parameters(), 0.5, 0.9, 0.1)
+    layer(torch.randn(4, 3)).pow(2).sum().backward()
+    gw, gb = layer.weight.grad.clone(), layer.bias.grad.clone()
+    opt.step()
+    torch.testing.assert_close(layer.bias.detach(), b0 - 0.5 * gb)
+    ratio = 0.02 * w0.norm() / (gw.norm() + 0.1 * w0.norm() + 1e-8)
+    torch.testing.assert_close(layer.weight.detach(), w0 - 0.5 * ratio * (gw + 0.1 * w0))

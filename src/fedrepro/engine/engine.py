@@ -31,8 +31,20 @@ from ..models import SplitModel, build_model
 from .data import AUGMENTATIONS, Client, Split, _normaliser
 from .vectorized import ClientFit, compiled_model, fit_many, vectorize_blocker
 
+def lars(params, lr: float, momentum: float, weight_decay: float) -> torch.optim.Optimizer:
+    """lightly's LARS with the trust coefficient 0.02 of Calibre's paper-era config (eta_lars,
+    methods.md §2.5); biases and normalisation weights (1-D tensors) are excluded from the layer-wise
+    adaptation and the weight decay, as there."""
+    from lightly.utils.lars import LARS
+
+    params = list(params)
+    groups = [{"params": [p for p in params if p.ndim > 1]}, {"params": [p for p in params if p.ndim <= 1], "weight_decay": 0.0}]
+    return LARS([g for g in groups if g["params"]], lr=lr, momentum=momentum, weight_decay=weight_decay, trust_coefficient=0.02)
+
+
 OPTIMIZERS: dict[str, Callable[..., torch.optim.Optimizer]] = {
     "sgd": lambda params, lr, momentum, weight_decay: torch.optim.SGD(params, lr=lr, momentum=momentum, weight_decay=weight_decay),
+    "lars": lars,
     "adam": lambda params, lr, momentum, weight_decay: torch.optim.Adam(params, lr=lr, weight_decay=weight_decay),
     "adamw": lambda params, lr, momentum, weight_decay: torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay),
 }
