@@ -407,3 +407,14 @@ def test_partition_seed_above_randomstate_range_is_refused(base):
     cfg["partitions"]["dir0.5"]["seed"] = 2**32
     with pytest.raises(ConfigError, match="seed"):
         resolve_experiment(cfg)
+
+
+def test_label_quantity_partition_size_beyond_the_dataset_is_refused_before_any_job():
+    """Calibre's Q-non-iid: num_clients disjoint clients of partition_size samples must fit the dataset."""
+    cfg = {"experiment": "e", "datasets": {"digits": {}}, "seeds": [0], "methods": {"fedavg": {}},
+           "partitions": {"q": {"partitioner": "label_quantity", "num_clients": 10,
+                                "params": {"num_classes_per_partition": 2, "partition_size": 200}}}}
+    with pytest.raises(ConfigError, match=r"partitions.q.params.partition_size' has value 200; allowed: at most 179"):
+        resolve_experiment(cfg)
+    cfg["partitions"]["q"]["params"]["partition_size"] = 100
+    resolve_experiment(cfg)

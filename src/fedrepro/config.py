@@ -218,6 +218,12 @@ def _check_partition_size(label: str, ds: str, dsinfo: dict, spec: dict) -> None
     if isinstance(m, int) and spec["params"].get("sampler", "split") == "split" and m * k > n:
         raise ConfigError(f"config key 'partitions.{label}.params.min_partition_size' has value {m}; allowed: at most "
                           f"{n // k} ({scope} over {k} clients)")
+    size = spec["params"].get("partition_size")
+    if spec["partitioner"] == "label_quantity" and size and size * k > n:  # disjoint clients of `size` samples each
+        raise ConfigError(f"config key 'partitions.{label}.params.partition_size' has value {size}; allowed: at most {n // k} "
+                          f"({scope} over {k} disjoint clients), or 0 for the largest size the classes allow")
+    if spec["params"].get("sampler") == "plato" and size and size > n:
+        raise ConfigError(f"config key 'partitions.{label}.params.partition_size' has value {size}; allowed: at most {scope}")
     split = spec["split"]
     train_share = 1 - split["test_fraction"] - split["val_fraction"]
     if n / k * train_share < 1:
