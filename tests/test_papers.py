@@ -261,7 +261,8 @@ def test_every_paper_config_has_its_tables(path):
     assert plan.reduced == path.stem.endswith("_cpu")
     expected = {"fedcrc": ["table1", "table2"], "grp_fed": ["table1"], "fedcosr": ["table2", "fairness", "scarcity"],
                 "fedcrc_cpu": ["table1", "table2"], "grp_fed_cpu": ["table1"], "fedcosr_cpu": ["table2", "scarcity"],
-                "fedgcr": ["table1", "table2", "table3", "table4", "table5"], "fedgcr_cpu": ["table1", "table5"]}
+                "fedgcr": ["table1", "table2", "table3", "table4", "table5"], "fedgcr_cpu": ["table1", "table5"],
+                "calibre": ["table1", "methods"], "calibre_cpu": ["table1", "methods"]}
     assert list(plan.tables) == expected[path.stem]
     frame = synthetic_frame(plan, exp)
     for tid, tp in plan.tables.items():
