@@ -541,3 +541,24 @@ def test_write_partition_manifest_matches_shards(case, tmp_path):
     if name == "label_quantity":
         assert set(sizes.tolist()) == {80}
         assert all(np.count_nonzero(np.sum([c["class_counts"][s] for s in SPLITS], axis=0)) == 2 for c in on_disk["clients"])
+
+
+def test_domain_geometric_sizes_follow_fedgcr_uneven_volumes():
+    """dif 5 over 5 equal domains of 1,000: ratio 1.5, clients [5, 3, 2, 2, 1]; domain i keeps
+    1000 / 1.5^i samples and its clients' sizes are geometric with ratio 1.5, largest first."""
+    from fedrepro.data.partitioners import domain_partition
+
+    domain = np.repeat(np.arange(5), 1000)
+    labels = np.tile(np.arange(10), 500)
+    parts = domain_partition(labels, 13, np.random.RandomState(0), dif=5.0, geometric_sizes=True, groups={"domain": domain})
+    sizes = [len(p) for p in parts]
+    firsts = [0, 5, 8, 10, 12]
+    for i, (a, n) in enumerate(zip(firsts, [5, 3, 2, 2, 1])):
+        mine = sizes[a : a + n]
+        assert sum(mine) == pytest.approx(1000 / 1.5**i, abs=n)  # floor per client
+        assert all(domain[parts[a + j]].tolist() == [i] * mine[j] for j in range(n))
+        for j in range(n - 1):
+            assert mine[j] / mine[j + 1] == pytest.approx(1.5, rel=0.02)
+    assert len(np.unique(np.concatenate(parts))) == sum(sizes)  # disjoint
+    equal = domain_partition(labels, 13, np.random.RandomState(0), dif=5.0, groups={"domain": domain})
+    assert [len(p) for p in equal[:5]] == [200] * 5  # the default: equal shares, every sample used

@@ -420,6 +420,9 @@ def domain_client_counts(num_domains: int, dif: float, min_clients_per_domain: i
         "alpha": Param(0.0, "0: each domain split iid into equal shares (±1); > 0: Dirichlet label skew Dir(alpha) among "
                        "the domain's clients (the 'dirichlet' partitioner within the domain)", float, minimum=0),
         "min_partition_size": Param(1, "alpha > 0: redraw until every client of the domain has this many samples", int, minimum=0),
+        "geometric_sizes": Param(False, "FedGCR's uneven volumes (prepare_*_uneven, methods.md §5.6): domain i keeps 1/ratio^i of "
+                                 "the volume the first can hold (len_i = len_(i-1) / ratio) and its clients' sizes form a "
+                                 "geometric series with the same ratio, largest first; needs alpha = 0", bool),
     },
 )
 def domain_partition(
@@ -432,13 +435,15 @@ def domain_partition(
     min_clients_per_domain: int = 1,
     alpha: float = 0.0,
     min_partition_size: int = 1,
+    geometric_sizes: bool = False,
     groups: dict[str, np.ndarray] | None = None,
 ) -> list[np.ndarray]:
     """Clients come domain by domain in the domain order (the first domain's clients first).
 
-    Unlike FedGCR's loaders, the domains keep all their data and a domain's clients get equal
-    shares; FedGCR also shrinks the volume of later domains and makes client sizes inside a
-    domain geometric (methods.md §5.6), which is not done here.
+    By default the domains keep all their data and a domain's clients get equal shares;
+    `geometric_sizes` gives FedGCR's uneven volumes: later domains shrink by the DIF ratio and
+    client sizes inside a domain are geometric (methods.md §5.6). FedGCR's 'even' setting (DIF 1:
+    2 clients per domain split 1:3) is not this: its ratio is 1.
     """
     domain = _need_groups(groups, partition_by, "partition_by", "domain", len(labels))
     ids, sizes = np.unique(domain, return_counts=True)
@@ -452,8 +457,14 @@ def domain_partition(
             f"partition: key 'num_clients' has value {num_clients}; allowed: {sum(counts)} = clients per domain {counts} "
             f"for the {len(ids)} domains {ids.tolist()} at dif={dif}, min_clients_per_domain={min_clients_per_domain}"
         )
+    ratio = round(float(dif) ** (1.0 / (len(ids) - 1)), 1) if len(ids) > 1 else 1.0  # as domain_client_counts
+    if geometric_sizes and alpha > 0:
+        raise ConfigError(f"partition: key 'geometric_sizes' has value True with alpha {alpha}; allowed: alpha 0 (iid within a domain)")
+    volume = None
+    if geometric_sizes:  # the largest first-domain volume every domain can supply at its decayed share
+        volume = min(np.sum(domain == d) * ratio**i for i, d in enumerate(ids))
     out: list[np.ndarray] = []
-    for d, n_d in zip(ids, counts):
+    for i, (d, n_d) in enumerate(zip(ids, counts)):
         idx_d = np.where(domain == d)[0]
         if n_d > len(idx_d):
             raise ConfigError(f"partition: key 'dif' has value {dif}; allowed: a smaller value (domain {d!r} has {len(idx_d)} samples "
@@ -461,6 +472,13 @@ def domain_partition(
         if alpha > 0:
             pieces = dirichlet_partition(labels[idx_d], n_d, rng, alpha=alpha, min_partition_size=min_partition_size)
             out.extend(np.sort(idx_d[p]) for p in pieces)
+        elif geometric_sizes:
+            share = ratio ** -np.arange(n_d, dtype=float)
+            sizes = np.floor(volume / ratio**i * share / share.sum()).astype(np.int64)
+            if sizes.min() < 1:
+                raise ConfigError(f"partition: key 'geometric_sizes' leaves a client of domain {d!r} without data at dif={dif}; "
+                                  "allowed: false, or a dataset with more samples per domain")
+            out.extend(np.sort(p) for p in _cut(idx_d[rng.permutation(len(idx_d))], sizes))
         else:
             out.extend(np.sort(p) for p in np.array_split(idx_d[rng.permutation(len(idx_d))], n_d))
     return out
