@@ -158,7 +158,8 @@ def make_partition(raw: RawDataset, spec: dict[str, Any]) -> list[dict[str, np.n
     out = [split_client(idx, raw.y, rng, split["test_fraction"], split["val_fraction"], split["stratify"]) for idx in clients]
     if raw.unlabeled is not None and len(raw.unlabeled):
         # the unlabeled pool, iid in equal shares over the training clients (novel clients get none)
-        training = [cid for cid in range(len(out)) if cid not in set(unseen_client_ids(spec))]
+        novel = set(unseen_client_ids(spec))
+        training = [cid for cid in range(len(out)) if cid not in novel]
         order = np.random.default_rng(derive_seed(spec["seed"], "unlabeled")).permutation(len(raw.unlabeled))
         for cid in range(len(out)):
             out[cid][UNLABELED] = np.zeros(0, np.int64)

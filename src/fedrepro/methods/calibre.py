@@ -32,19 +32,10 @@ import torch
 import torch.nn.functional as F
 
 from ..registry import Param
-from ..ssl.objectives import OBJECTIVES
+from ..ssl.objectives import OBJECTIVES, kmeans
 from . import register
 from ._ssl import SSL_HPARAMS, FederatedSSL
 from .base import Update, weighted_average
-
-
-def kmeans_labels(z: torch.Tensor, k: int, seed: int, max_iter: int = 200) -> tuple[torch.Tensor, np.ndarray]:
-    """KMeans labels (on z's device) and centroids of the rows of z (sklearn, n_init="auto")."""
-    from sklearn.cluster import KMeans
-
-    data = z.detach().float().cpu().numpy()
-    km = KMeans(n_clusters=min(k, len(data)), n_init="auto", max_iter=max_iter, random_state=seed).fit(data)
-    return torch.as_tensor(km.labels_, dtype=torch.long, device=z.device), km.cluster_centers_
 
 
 def _cluster_means(x: torch.Tensor, labels: torch.Tensor, clusters: torch.Tensor) -> torch.Tensor:
@@ -77,7 +68,7 @@ def prototype_meta_loss(za: torch.Tensor, zb: torch.Tensor, ya: torch.Tensor, yb
 
 def divergence_rate(z: torch.Tensor, k: int, seed: int, normalized_centroids: bool = False) -> float:
     """Mean over KMeans clusters of the mean distance of the members to their centroid."""
-    labels, centres = kmeans_labels(z, k, seed)
+    labels, centres = kmeans(z, k, seed)
     c = torch.as_tensor(centres, dtype=z.dtype, device=z.device)
     if normalized_centroids:
         c = F.normalize(c, dim=1)
@@ -126,7 +117,7 @@ class Calibre(FederatedSSL):
         if not (hp["use_lp"] or hp["use_ln"]) or hp["alpha"] == 0:
             return None
         seed = int(torch.randint(2**31 - 1, (1,)))  # from the client's seeded update stream
-        labels, _ = kmeans_labels(torch.cat([out.za, out.zb]), hp["n_clusters"], seed)
+        labels, _ = kmeans(torch.cat([out.za, out.zb]), hp["n_clusters"], seed)
         ya, yb = labels[: len(out.za)], labels[len(out.za):]
         reg = out.loss.new_zeros(())
         if hp["use_lp"]:

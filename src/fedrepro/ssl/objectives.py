@@ -25,6 +25,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -75,7 +76,7 @@ class Objective:
             return
         from lightly.models.utils import update_momentum
 
-        m = self.hp.get("target_momentum") or self.momentum
+        m = self.momentum if self.hp.get("target_momentum") is None else self.hp["target_momentum"]
         m = cosine_momentum(m, progress) if self.momentum_schedule == "cosine" else m
         update_momentum(model.extractor, model.target_extractor, m)
         update_momentum(model.projector, model.target_projector, m)
@@ -95,6 +96,29 @@ class Objective:
     def _target_of(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
         with torch.no_grad():
             return model.target_projector(model.target_extractor(x).flatten(1))
+
+
+def kmeans(z: torch.Tensor, k: int, seed: int, max_iter: int = 200) -> tuple[torch.Tensor, np.ndarray]:
+    """scikit-learn KMeans (n_init="auto") of the rows of z into at most k clusters: the labels (on
+    z's device) and the centroids. Calibre's pseudo-labels and divergence rate, SMoG's group reset."""
+    from sklearn.cluster import KMeans
+
+    data = z.detach().float().cpu().numpy()
+    km = KMeans(n_clusters=min(k, len(data)), n_init="auto", max_iter=max_iter, random_state=seed).fit(data)
+    return torch.as_tensor(km.labels_, dtype=torch.long, device=z.device), km.cluster_centers_
+
+
+# The client-local memory bank of MoCo's queue and SMoG's encodings (lightly MemoryBankModule).
+def bank_state(bank) -> dict[str, torch.Tensor]:
+    return {"bank": bank.bank.detach().clone(), "ptr": bank.bank_ptr.detach().clone()}
+
+
+def load_bank(bank, state: dict[str, torch.Tensor] | None) -> None:
+    """Restore a client's bank, or (its first participation) a fresh random one, lightly's initialisation."""
+    if state:
+        bank.bank, bank.bank_ptr = state["bank"].clone(), state["ptr"].clone()
+    else:
+        bank._init_memory_bank(bank.size)
 
 
 def frozen_copy(module: nn.Module) -> nn.Module:
@@ -224,15 +248,10 @@ class MoCoV2(Objective):
         return ViewsOutput(loss, za, zb, ha, hb)
 
     def local_state(self):
-        bank = self.criterion.memory_bank
-        return {"bank": bank.bank.detach().clone(), "ptr": bank.bank_ptr.detach().clone()}
+        return bank_state(self.criterion.memory_bank)
 
     def load_local_state(self, state):
-        bank = self.criterion.memory_bank
-        if state:
-            bank.bank, bank.bank_ptr = state["bank"].clone(), state["ptr"].clone()
-        else:  # a client's first participation: a fresh random queue (lightly's initialisation)
-            bank._init_memory_bank(bank.size)
+        load_bank(self.criterion.memory_bank, state)
 
 
 @_register
@@ -312,11 +331,9 @@ class SMoG(Objective):
             super().after_step(model, progress)
 
     def _reset(self, model):
-        from sklearn.cluster import KMeans
-
-        feats = self.bank.bank.detach().cpu().numpy()
-        k = min(self.hp["smog_groups"], len(feats))
-        centres = KMeans(k, n_init="auto", random_state=int(torch.randint(2**31 - 1, (1,)))).fit(feats).cluster_centers_
+        # max_iter 300: scikit-learn's default, which lightly's example uses
+        _, centres = kmeans(self.bank.bank, self.hp["smog_groups"], int(torch.randint(2**31 - 1, (1,))), max_iter=300)
+        k = len(centres)
         groups = model.prototypes.group_features.data.clone()
         groups[:k] = nn.functional.normalize(torch.as_tensor(centres, dtype=groups.dtype, device=groups.device), dim=1)
         model.prototypes.set_group_features(groups)
@@ -326,13 +343,8 @@ class SMoG(Objective):
     # The memory bank and the step count (view swap, reset schedule) are the client's own: they are
     # checkpointed with its state, so a resumed run ends where an uninterrupted one does.
     def local_state(self):
-        return {"bank": self.bank.bank.detach().clone(), "ptr": self.bank.bank_ptr.detach().clone(),
-                "steps": torch.tensor(self.steps)}
+        return {**bank_state(self.bank), "steps": torch.tensor(self.steps)}
 
     def load_local_state(self, state):
-        if state:
-            self.bank.bank, self.bank.bank_ptr = state["bank"].clone(), state["ptr"].clone()
-            self.steps = int(state["steps"])
-        else:
-            self.bank._init_memory_bank(self.bank.size)
-            self.steps = 0
+        load_bank(self.bank, state)
+        self.steps = int(state["steps"]) if state else 0
