@@ -321,3 +321,14 @@ def test_lars_adapts_matrices_and_leaves_biases_to_plain_sgd():
     torch.testing.assert_close(layer.bias.detach(), b0 - 0.5 * gb)
     ratio = 0.02 * w0.norm() / (gw.norm() + 0.1 * w0.norm() + 1e-8)
     torch.testing.assert_close(layer.weight.detach(), w0 - 0.5 * ratio * (gw + 0.1 * w0))
+
+
+def test_target_momentum_zero_copies_the_online_network():
+    """target_momentum 0 is a value, not "unset": after a step the target equals the online network."""
+    model, obj = tiny_ssl_model("mocov2", {"target_momentum": 0.0})
+    with torch.no_grad():
+        for p in model.extractor.parameters():
+            p.add_(1.0)
+    obj.after_step(model, progress=0.5)
+    for t, o in zip(model.target_extractor.parameters(), model.extractor.parameters()):
+        torch.testing.assert_close(t, o)
