@@ -332,3 +332,31 @@ def test_target_momentum_zero_copies_the_online_network():
     obj.after_step(model, progress=0.5)
     for t, o in zip(model.target_extractor.parameters(), model.extractor.parameters()):
         torch.testing.assert_close(t, o)
+
+
+def test_swav_normalises_its_prototypes_every_step():
+    model, obj = tiny_ssl_model("swav")
+    with torch.no_grad():
+        model.prototypes.heads[0].weight.mul_(3.0)
+    obj.loss(model, torch.randn(4, 6), torch.randn(4, 6))
+    torch.testing.assert_close(model.prototypes.heads[0].weight.norm(dim=1), torch.ones(5))
+
+
+def test_smog_resets_groups_from_its_bank_and_the_target_to_the_online_network():
+    """At the step whose 0-based index is a multiple of smog_reset_every (lightly's global_step), the
+    groups become the normalised KMeans centres of the client's memory bank and the momentum encoder
+    is reset to the online one; the steps before it are EMA steps."""
+    model, obj = tiny_ssl_model("smog", {"smog_reset_every": 2, "target_momentum": 0.5})
+    obj.load_local_state(None)
+    before = model.prototypes.group_features.detach().clone()
+    for _ in range(3):  # steps 0 and 1: EMA; step 2: reset
+        obj.loss(model, torch.randn(4, 6), torch.randn(4, 6))
+        with torch.no_grad():
+            for p in model.extractor.parameters():
+                p.add_(1.0)  # an online step
+        obj.after_step(model, 0.0)
+    for t, o in zip(model.target_extractor.parameters(), model.extractor.parameters()):
+        torch.testing.assert_close(t, o)
+    groups = model.prototypes.group_features.detach()
+    assert not torch.equal(groups, before)
+    torch.testing.assert_close(groups.norm(dim=1), torch.ones(3))

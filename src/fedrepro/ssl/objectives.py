@@ -324,7 +324,7 @@ class SMoG(Objective):
 
     def after_step(self, model, progress):
         every = self.hp["smog_reset_every"]  # in the client's own local steps
-        if self.steps > 0 and every and self.steps % every == 0:
+        if self.steps > 0 and every and self.steps % every == 0:  # the 0-based index of this step, as lightly's global_step
             self._reset(model)
             self.steps += 1
         else:
