@@ -6,7 +6,7 @@ and (--split) where each method's round goes.
     .venv/bin/python benchmarks/gpu_throughput.py --fraction 0.1 --rounds 2 --threads 1   # a short CPU run
     .venv/bin/python benchmarks/gpu_throughput.py --paths sequential vectorized compiled --clients 20 100 --batch 10 64
     .venv/bin/python benchmarks/gpu_throughput.py --split fedavg ditto fedper apfl fedproto --clients 20 --batch 10 \
-        --paths sequential channels_last
+        --paths nchw sequential
 
 Data and protocol: Fashion-MNIST, PFLlib's Dir(0.1) partition (the partition of
 benchmarks/parity_pfllib.py: `dirichlet`, self-balancing, min_partition_size 40, seed 1,
@@ -20,7 +20,9 @@ Rows, all in one process on the same device and client tensors:
   one client after another, eager), `vectorized` (`training.vectorize: true`: the sampled
   clients' steps as one vmap computation), `compiled` (`training.compile: true`:
   torch.compile of the step, CUDA graphs on a GPU), `channels_last`
-  (`training.channels_last: true`: NHWC convolution weights). A warm-up round (it compiles
+  (`training.channels_last: true`: NHWC convolution weights), `nchw` (`training.channels_last:
+  false`: the default layout, which was the CPU default before "auto"; every other path uses
+  the default "auto" = NHWC on the CPU, the default layout on a GPU). A warm-up round (it compiles
   where compiling) is run first and not timed, for every path.
 * centralized: a plain loop over the pooled train data of all clients, same model, batch
   size and optimizer: the throughput the hardware gives this model at this batch size.
@@ -72,13 +74,13 @@ from fedrepro.config import resolve_experiment  # noqa: E402
 from fedrepro.data.datasets import load_dataset, prepare_dataset  # noqa: E402
 from fedrepro.data.shards import load_partition, write_partition  # noqa: E402
 from fedrepro.engine.data import load_clients  # noqa: E402
-from fedrepro.engine.engine import Engine  # noqa: E402
+from fedrepro.engine.engine import Engine, channels_last  # noqa: E402
 from fedrepro.engine.run import pick_device, set_determinism  # noqa: E402
 from fedrepro.io import derive_seed  # noqa: E402
 from fedrepro.models import build_model  # noqa: E402
 
 PATHS = {"sequential": {}, "vectorized": {"vectorize": True}, "compiled": {"compile": True},
-         "channels_last": {"channels_last": True}}
+         "channels_last": {"channels_last": True}, "nchw": {"channels_last": False}}
 SYNC_EVENTS = ("cudaDeviceSynchronize", "cudaStreamSynchronize", "cudaMemcpy", "cudaEventSynchronize")
 
 
@@ -187,6 +189,8 @@ def central_row(args, manifest, shards, device, clients: int, batch: int) -> dic
     y = torch.cat([c.train.y for c in data])
     torch.manual_seed(0)
     model = build_model("fedavg_cnn", manifest["sample_shape"], manifest["num_classes"]).to(device)
+    if channels_last("auto", device):  # the engine's default layout on this device
+        model.to(memory_format=torch.channels_last)
     opt = torch.optim.SGD(model.parameters(), lr=FEDREPRO_TRAINING["optimizer"]["lr"])
     g = torch.Generator().manual_seed(derive_seed(0, "central"))
     stop = len(y) - len(y) % batch

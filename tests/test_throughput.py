@@ -193,3 +193,22 @@ def test_channels_last_keeps_the_values_and_trains_alike(conv_partition):
         assert v.loss == pytest.approx(u.loss, rel=1e-5)
         assert_close_params(u.params, v.params)
     assert any(not torch.equal(v, engines[True].initial_params[k]) for k, v in engines[True].method.server["global"].items())
+
+
+def test_channels_last_auto_is_the_default_and_means_the_cpu_only(conv_partition):
+    """The default `training.channels_last: auto` puts conv weights in NHWC on the CPU (oneDNN's
+    faster kernels) and keeps the default layout on a GPU; `false` keeps it everywhere."""
+    from fedrepro.config import TRAINING_DEFAULTS
+    from fedrepro.engine.data import load_clients
+    from fedrepro.engine.engine import Engine, channels_last
+
+    base, manifest, shards = conv_partition
+    assert TRAINING_DEFAULTS["channels_last"] == "auto" and base["training"]["channels_last"] == "auto"
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert channels_last("auto", cpu) and not channels_last("auto", cuda)
+    assert channels_last(True, cuda) and not channels_last(False, cpu)
+    for setting, nhwc in (("auto", True), (False, False)):
+        cell = {**base, "training": {**base["training"], "channels_last": setting}}
+        engine = Engine(cell, manifest, load_clients(manifest, shards, cpu), cpu, progress=False)
+        conv = engine.model.extractor[3].weight
+        assert conv.is_contiguous(memory_format=torch.channels_last) == nhwc and conv.is_contiguous() != nhwc

@@ -100,6 +100,13 @@ def sampling_schedule(num_clients: int, participation: float | int, rounds: int,
     return [sorted(rng.choice(num_clients, size=m, replace=False).tolist()) for _ in range(rounds)]
 
 
+def channels_last(setting: bool | str, device: torch.device) -> bool:
+    """Whether the model's 4-d weights take the channels-last layout: `training.channels_last`
+    true/false, or "auto" = on the CPU only (measured faster there for every conv model of the
+    registry, benchmarks/gpu_throughput.py; on GPUs FP32 NHWC is not known to pay)."""
+    return device.type == "cpu" if setting == "auto" else bool(setting)
+
+
 class Engine:
     def __init__(self, cell: dict[str, Any], manifest: dict[str, Any], clients: list[Client], device: torch.device,
                  checkpoint: Path | None = None, progress: bool = True, official_test: Split | None = None):
@@ -121,7 +128,7 @@ class Engine:
         self._pooled_cache: dict[str, torch.Tensor] = {}
         torch.manual_seed(derive_seed(self.seed, "model-init"))
         self.model: SplitModel = build_model(cell["model"]["name"], manifest["sample_shape"], self.num_classes, cell["model"].get("params")).to(device)
-        if self.training.get("channels_last", False):  # absent in older cells: the default layout, as before
+        if channels_last(self.training.get("channels_last", False), device):  # absent in older cells: as before
             # NHWC convolution weights: faster CPU (oneDNN) and tensor-core convolutions; the same
             # initial values, results equal to floating-point tolerance (not bit for bit).
             self.model.to(memory_format=torch.channels_last)

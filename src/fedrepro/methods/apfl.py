@@ -15,12 +15,18 @@ collapses to the (weak, non-IID) global model. Global column: the global model.
 
 The mixture is of the two models' parameters, as in the paper's interpolation (the
 authors' FedTorch code mixes the outputs instead); buffers (BatchNorm statistics) are v's
-own, tracked on vbar's activations. The `reg * alpha` term is PFLlib's / FedTorch's
+own, tracked on vbar's activations. vbar lives in a second model object of the method: per
+step it is written in one pass (w + alpha (v - w)) and gets a plain forward/backward, whose
+gradient g = grad f(vbar) gives both chain-rule terms (v's alpha g, alpha's <v - w, g>), so a
+step costs two standard passes plus a few element-wise ones (a functional_call through the
+mixture's autograd graph cost a quarter more). The `reg * alpha` term is PFLlib's / FedTorch's
 (0.02), not in the paper. PFLlib trains v on its own loss and then overwrites it with the
 mixture; here v follows the paper's gradient at the mixture.
 """
 
 from __future__ import annotations
+
+import copy
 
 import torch
 import torch.nn.functional as F
@@ -32,8 +38,9 @@ from .fedavg import FedAvg
 
 
 def mixture(v: Params, w: Params, alpha: torch.Tensor | float, names) -> Params:
-    """alpha v + (1 - alpha) w on the parameters `names`; the other entries (buffers) are v's."""
-    return {**v, **{k: alpha * v[k] + (1 - alpha) * w[k] for k in names}}
+    """alpha v + (1 - alpha) w = w + alpha (v - w) on the parameters `names` (computed as the
+    training step computes it); the other entries (buffers) are v's."""
+    return {**v, **{k: torch.lerp(w[k], v[k], alpha) for k in names}}
 
 
 def next_alpha(alpha: torch.Tensor, grad: torch.Tensor, lr: float, reg: float) -> torch.Tensor:
@@ -59,36 +66,57 @@ class APFL(FedAvg):
     def local_update(self, client, payload):
         engine, model = self.engine, self.engine.model
         engine.set_params(payload)  # w lives in the model object
+        mixed = self._mixture_model()  # vbar lives in a second model object: a plain forward/backward
         names = [k for k, _ in model.named_parameters()]
         v = {k: t.clone() for k, t in client.state.get("v", payload).items()}
-        for k in names:
-            v[k].requires_grad_(True)
-        alpha = torch.tensor(float(client.state.get("alpha", self.hp["alpha"])), device=engine.device,
-                             requires_grad=self.hp["adaptive_alpha"])
-        opt_w = engine.optimizer(model.parameters())
-        opt_v = engine.optimizer([v[k] for k in names])
+        w_list = [p for _, p in model.named_parameters()]
+        v_list = [v[k] for k in names]
+        vbar_list = [p for _, p in mixed.named_parameters()]
+        with torch.no_grad():  # vbar's buffers (BatchNorm statistics) are v's own, tracked on vbar's activations
+            for k, b in mixed.named_buffers():
+                if k in v:
+                    b.copy_(v[k])
+        alpha = torch.tensor(float(client.state.get("alpha", self.hp["alpha"])), device=engine.device)
+        opt_w = engine.optimizer(w_list)
+        opt_v = engine.optimizer(v_list)
         model.train()
+        mixed.train()
         total, seen = torch.zeros((), device=engine.device), 0
         for x, y in engine.batches(client):
+            with torch.no_grad():
+                for vbar, w, v_k in zip(vbar_list, w_list, v_list):
+                    torch.lerp(w, v_k, alpha, out=vbar)  # vbar = w + alpha (v - w): one pass, no graph
             loss = F.cross_entropy(model(x), y)
-            w = {k: p.detach() for k, p in model.named_parameters()}
-            mixed_loss = F.cross_entropy(engine.forward_with(mixture(v, w, alpha, names), x), y)
+            mixed_loss = F.cross_entropy(mixed(x), y)
             opt_w.zero_grad(set_to_none=True)
-            opt_v.zero_grad(set_to_none=True)
-            alpha.grad = None
-            loss.backward()
-            mixed_loss.backward()  # grads of v (alpha grad f(vbar)) and of alpha (<v - w, grad f(vbar)>)
+            mixed.zero_grad(set_to_none=True)
+            torch.autograd.backward([loss, mixed_loss])  # grad f(w) into w, g = grad f(vbar) into vbar
+            with torch.no_grad():
+                g = [p.grad for p in vbar_list]
+                if self.hp["adaptive_alpha"]:  # d/d alpha f(vbar) = <v - w, g>, at the point before the steps
+                    grad_alpha = sum(torch.vdot((v_k - w).reshape(-1), g_k.reshape(-1)) for v_k, w, g_k in zip(v_list, w_list, g))
+                for v_k, g_k in zip(v_list, torch._foreach_mul(g, alpha)):  # d/dv f(vbar) = alpha g
+                    v_k.grad = g_k
             opt_w.step()
             opt_v.step()
             if self.hp["adaptive_alpha"]:
-                with torch.no_grad():
-                    alpha.copy_(next_alpha(alpha, alpha.grad, engine.lr, self.hp["alpha_reg"]))
+                alpha = next_alpha(alpha, grad_alpha, engine.lr, self.hp["alpha_reg"])
             total += loss.detach() * len(y)
             seen += len(y)
+        with torch.no_grad():
+            for k, b in mixed.named_buffers():
+                if k in v:
+                    v[k] = b.clone()
         client.state["v"] = {k: t.detach() for k, t in v.items()}
         client.state["w"] = engine.get_params()  # the client's own w: the mixture's partner (and the upload)
-        client.state["alpha"] = float(alpha.detach())
+        client.state["alpha"] = float(alpha)
         return Update(client.id, client.num_train, select(client.state["w"], self.shared), loss=float(total) / max(seen, 1))
+
+    def _mixture_model(self) -> torch.nn.Module:
+        """The second model object that holds vbar during local training (made once per cell)."""
+        if getattr(self, "_mixed", None) is None:
+            self._mixed = copy.deepcopy(self.engine.model)
+        return self._mixed
 
     def personal_params(self, client):
         w = client.state.get("w", self.server["global"])  # a client that never trained holds the global model
