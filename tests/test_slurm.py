@@ -15,11 +15,21 @@ training job cancelled with scancel is resubmitted by the profile's retries and 
 from its checkpoint (the profile takes job states from squeue: with sacct, the plugin
 does not recognise "CANCELLED by <uid>" and waits forever; see docs/operations.md).
 
+A second tiny experiment (4 cells) runs through workflow/profiles/slurm-packed with 4 cells
+per job group: one SLURM job with one GPU for the 4 cells, sized for cells that run one
+after another (the executor plugin runs them so: one srun step per cell, in turn).
+
+A third (4 cells) runs through workflow/scripts/pack_on_one_gpu.sbatch: one job with one
+GPU in which Snakemake runs the local profile with 2 gpu_slots, so that 2 cells train side
+by side; Snakemake's own records of when each cell started and ended show the overlap.
+
 Skipped only where the SLURM packages cannot be installed (not root, no apt).
 """
 
 from __future__ import annotations
 
+import base64
+import itertools
 import json
 import os
 import re
@@ -43,6 +53,11 @@ PROFILE = REPO / "workflow" / "profiles" / "slurm"
 ACCOUNT = "fedrepro_test"
 CPU_PART, GPU_PART = "cpu_test", "gpu_test"
 EXPERIMENT = "slurm"
+PACKED = REPO / "workflow" / "profiles" / "slurm-packed"
+PACKED_EXPERIMENT = "slurm_packed"
+PACK_SCRIPT = SCRIPTS / "pack_on_one_gpu.sbatch"
+SHARED_EXPERIMENT = "slurm_gpu_share"
+CELLS_PER_GPU = 2  # FEDREPRO_CELLS_PER_GPU of the script's test run (1 would run the cells in turn)
 
 # The README's override (account, CPU partition, GPU partition for train), plus what a
 # small test host needs, plus a short first status check (the plugin's default is 40 s).
@@ -79,10 +94,11 @@ def run(cmd: list, env: dict, timeout: float = 120, check: bool = True, **kw) ->
     return proc
 
 
-def start_snakemake(cluster, workdir: Path, *args: str, log_name: str) -> tuple[subprocess.Popen, Path]:
+def start_snakemake(cluster, workdir: Path, *args: str, log_name: str,
+                    profile: Path = PROFILE) -> tuple[subprocess.Popen, Path]:
     log = workdir / log_name
     cmd = [sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "--directory", str(workdir),
-           "--workflow-profile", str(PROFILE), *args]
+           "--workflow-profile", str(profile), *args]
     with open(log, "w") as fh:
         proc = subprocess.Popen(cmd, cwd=workdir, env=cluster.env, stdout=fh, stderr=subprocess.STDOUT,
                                 start_new_session=True)
@@ -99,8 +115,9 @@ def wait(proc: subprocess.Popen, log: Path, timeout: float) -> str:
     return log.read_text()
 
 
-def snakemake(cluster, workdir: Path, *args: str, log_name: str, timeout: float = 900) -> tuple[int, str]:
-    proc, log = start_snakemake(cluster, workdir, *args, log_name=log_name)
+def snakemake(cluster, workdir: Path, *args: str, log_name: str, timeout: float = 900,
+              profile: Path = PROFILE) -> tuple[int, str]:
+    proc, log = start_snakemake(cluster, workdir, *args, log_name=log_name, profile=profile)
     text = wait(proc, log, timeout)
     return proc.returncode, text
 
@@ -163,6 +180,35 @@ def slurm_run(cluster, tmp_path_factory):
     names = set(re.findall(r"^sbatch call: sbatch --parsable --job-name (\S+)", text, re.M))
     assert len(names) == 1, names  # one name (fedrepro_<run uuid>) for all jobs of a run
     return SimpleNamespace(work=work, config=config, log=text, jobname=names.pop())
+
+
+@pytest.fixture(scope="module")
+def packed_run(cluster, tmp_path_factory):
+    """4 training cells (local + fedavg, seeds 0 and 1) through slurm-packed, 4 cells per group."""
+    profile = yaml.safe_load((PACKED / "config.yaml").read_text())
+    threads, mem_mb = 1, 1000
+    # The README's override of account and partitions. --set-resources replaces the profile's
+    # whole train block, so everything else in it is restated from the profile (gpu 0 per cell,
+    # gres gpu:1 for the group, runtime); train gets 1 thread and 1 GB on this host, and cores
+    # follows the threads, as the profile asks. train_pack=4: the 4 cells share one job.
+    train = {**profile["set-resources"]["train"], "slurm_partition": GPU_PART, "mem_mb": mem_mb}
+    assert profile["cores"] == profile["set-threads"]["train"]
+    overrides = [
+        "--default-resources", f"slurm_account={ACCOUNT}", f"slurm_partition={CPU_PART}",
+        "--set-resources", *(f"train:{k}={v}" for k, v in train.items()),
+        "--set-threads", f"train={threads}", "--cores", str(threads),
+        "--group-components", "train_pack=4",
+        "--slurm-init-seconds-before-status-checks", "2", "--slurm-keep-successful-logs", "--verbose",
+    ]
+    work = tmp_path_factory.mktemp("slurm_packed_wf")
+    config = {**tiny_config(PACKED_EXPERIMENT, {"local": {}, "fedavg": {}}, rounds=2), "seeds": [0, 1]}
+    (work / "tiny.yaml").write_text(yaml.safe_dump(config))
+    rc, text = snakemake(cluster, work, "--configfile", "tiny.yaml", *overrides, log_name="packed.log", profile=PACKED)
+    assert rc == 0, f"the slurm-packed run failed:\n{text[-6000:]}"
+    names = set(re.findall(r"^sbatch call: sbatch --parsable --job-name (\S+)", text, re.M))
+    assert len(names) == 1, names
+    return SimpleNamespace(work=work, config=config, log=text, jobname=names.pop(), threads=threads, mem_mb=mem_mb,
+                           runtime=train["runtime"])
 
 
 # ----------------------------------------------------------------------------- tests
@@ -277,6 +323,63 @@ def test_readme_override_keeps_the_profiles_training_memory(slurm_run):
     assert " --mem 32000 " in opts + " ", opts
 
 
+def test_packed_profile_runs_four_cells_in_one_slurm_job_with_one_gpu(cluster, packed_run):
+    config, work = packed_run.config, packed_run.work
+    cells = [(label, seed) for label in config["methods"] for seed in config["seeds"]]
+    assert len(cells) == 4
+    jobids = {}
+    for label, seed in cells:
+        run_dir = work / "results" / PACKED_EXPERIMENT / "runs" / "digits" / "dir" / label / f"seed{seed}"
+        metrics = json.loads((run_dir / "metrics.json").read_text())
+        assert metrics["status"] == "ok" and metrics["rounds"] == 2
+        provenance = json.loads((run_dir / "provenance.json").read_text())
+        assert provenance["slurm"]["SLURM_JOB_PARTITION"] == GPU_PART
+        # The cell asks for no GPU of its own (gpu 0), yet its srun step gets the job's GPU
+        # (here a placeholder: CUDA_VISIBLE_DEVICES is set, the cell runs on the CPU).
+        assert provenance["device"]["cuda_visible_devices"] is not None, provenance["device"]
+        jobids[(label, seed)] = provenance["slurm"]["SLURM_JOB_ID"]
+    assert len(set(jobids.values())) == 1, f"4 cells, 4 per group: one SLURM job expected, got {jobids}"
+    jobid = jobids[cells[0]]
+
+    # One submission for the 4 cells, no per-cell submissions; the GPU is requested once (gres).
+    calls = sbatch_calls(packed_run.log, "train")  # also matches the group's comment rule_train_pack_train
+    assert len(calls) == 1, calls
+    opts = submitted(calls[0]) + " "
+    n = len(cells)
+    for flag in (" --comment rule_train_pack_train ", " --gres=gpu:1 ", f" -p {GPU_PART} ", f" -A {ACCOUNT} ",
+                 f" --cpus-per-task={packed_run.threads} ", f" --mem {packed_run.mem_mb} ", f" -t {n * packed_run.runtime} "):
+        assert flag in opts, f"{flag!r} not in {opts}"
+    assert "--gpus" not in opts, opts
+
+    row = {r["JobID"]: r for r in sacct(cluster, jobid)}[jobid]
+    assert row["State"] == "COMPLETED" and row["Partition"] == GPU_PART and row["Account"] == ACCOUNT
+    assert row["Comment"] == "rule_train_pack_train" and row["JobName"] == packed_run.jobname
+    t = tres(row)
+    # ONE GPU for the group, not one per cell; one cell's CPUs and memory, since the cells run
+    # in turn (below); the time limit is the sum of the cells' runtimes (4 x 240 min).
+    assert t["gres/gpu"] == "1", row["AllocTRES"]
+    assert t["cpu"] == str(packed_run.threads) and t["mem"] == f"{packed_run.mem_mb}M", row["AllocTRES"]
+    minutes = n * packed_run.runtime
+    assert row["Timelimit"] == f"{minutes // 60:02d}:{minutes % 60:02d}:00", row["Timelimit"]
+    train_rows = [r for r in sacct(cluster) if r["JobName"] == packed_run.jobname and r["Comment"].startswith("rule_train")]
+    assert [r["JobID"] for r in train_rows] == [jobid]
+
+    # Inside the job the plugin runs Snakemake with --jobs 1: one srun step per cell, each
+    # started when the previous one has ended (one after another, not side by side), and
+    # each step holds the job's GPU.
+    fields = ["JobID", "State", "AllocTRES", "Start", "End"]
+    out = run(["sacct", "-j", jobid, "--parsable2", "--noheader", "--format", ",".join(fields)], cluster.env).stdout
+    steps = [dict(zip(fields, line.split("|"))) for line in out.splitlines()]
+    steps = [s for s in steps if re.fullmatch(rf"{jobid}\.\d+", s["JobID"])]
+    assert len(steps) == n, steps
+    assert all(s["State"] == "COMPLETED" and tres(s)["gres/gpu"] == "1" for s in steps), steps
+    spans = sorted((s["Start"], s["End"]) for s in steps)  # ISO 8601 times sort as text
+    assert all(later[0] >= earlier[1] for earlier, later in zip(spans, spans[1:])), f"cells overlapped: {spans}"
+
+    table = (work / "results" / PACKED_EXPERIMENT / "tables" / "accuracy.md").read_text()
+    assert "fedavg" in table and "local" in table
+
+
 def test_cancelled_job_is_retried_by_the_profile_and_resumes(cluster, slurm_run):
     """scancel a running training job: the profile's retries resubmit it; it resumes and completes."""
     work = slurm_run.work
@@ -317,3 +420,75 @@ def test_cancelled_job_is_retried_by_the_profile_and_resumes(cluster, slurm_run)
     provenance = json.loads((run_dir / "provenance.json").read_text())
     assert provenance["slurm"]["SLURM_JOB_ID"] == jobs[-1]["JobID"]
     assert not ckpt.exists()  # removed once the cell completed
+
+
+def job_times(work: Path) -> dict[str, tuple[float, float]]:
+    """Start and end (epoch seconds) of the job that made each output, as Snakemake records them.
+
+    .snakemake/metadata/<urlsafe base64 of the path> (long names split into '@'-prefixed
+    folders) holds `starttime`, when the job's incomplete marker was written as it started,
+    and `endtime`, the output's mtime once it ended (snakemake/persistence).
+    """
+    root = work / ".snakemake" / "metadata"
+    times = {}
+    for path in root.rglob("*"):
+        if path.is_file():
+            key = "".join(part.lstrip("@") for part in path.relative_to(root).parts)
+            record = json.loads(path.read_text())
+            times[base64.urlsafe_b64decode(key).decode()] = (record["starttime"], record["endtime"])
+    return times
+
+
+def test_script_trains_cells_side_by_side_on_one_gpu_in_one_slurm_job(cluster, tmp_path):
+    """4 cells in one sbatch of workflow/scripts/pack_on_one_gpu.sbatch, 2 at a time on its one GPU."""
+    work = tmp_path / "work"
+    work.mkdir()
+    config = {**tiny_config(SHARED_EXPERIMENT, {"local": {}, "fedavg": {}}, rounds=20, eval_every=5,
+                            checkpoint_every=5), "seeds": [0, 1]}
+    (work / "tiny.yaml").write_text(yaml.safe_dump(config))
+    env = {**cluster.env, "FEDREPRO_CELLS_PER_GPU": str(CELLS_PER_GPU)}
+    env.pop("FEDREPRO_REPO", None)  # found from where sbatch is called: the repository root
+    # 2 CPUs for 2 cells of 1 thread; the job's defaults (8 CPUs, 32G, 24 h) do not fit this host.
+    proc = run(["sbatch", "--parsable", "--wait", "-p", GPU_PART, "-A", ACCOUNT, "--cpus-per-task=2", "--mem=3000",
+                "-t", "10", f"--chdir={work}", f"--output={work}/pack-%j.out", PACK_SCRIPT,
+                "--configfile", "tiny.yaml", "--set-threads", "train=1"],
+               env, timeout=600, check=False, cwd=REPO)
+    out = next(work.glob("pack-*.out"), None)
+    job_log = out.read_text() if out else "(no job output)"
+    assert proc.returncode == 0, f"sbatch failed ({proc.returncode}):\n{proc.stderr}\n{job_log[-6000:]}"
+    jobid = proc.stdout.strip().split(";")[0]
+    assert f"pack_on_one_gpu: job {jobid} " in job_log and f"up to {CELLS_PER_GPU} cells at once" in job_log, job_log[:2000]
+
+    cells = [(label, seed) for label in config["methods"] for seed in config["seeds"]]
+    spans = {}
+    times = job_times(work)
+    for label, seed in cells:
+        rel = f"results/{SHARED_EXPERIMENT}/runs/digits/dir/{label}/seed{seed}"
+        metrics = json.loads((work / rel / "metrics.json").read_text())
+        assert metrics["status"] == "ok" and metrics["rounds"] == 20, metrics["status"]
+        provenance = json.loads((work / rel / "provenance.json").read_text())
+        slurm = provenance["slurm"]
+        assert slurm["SLURM_JOB_ID"] == jobid and slurm["SLURM_JOB_PARTITION"] == GPU_PART, slurm  # one job, 4 cells
+        assert provenance["device"]["cuda_visible_devices"] is not None, provenance["device"]  # the job's GPU
+        spans[f"{label}/seed{seed}"] = times[f"{rel}/metrics.json"]
+
+    row = {r["JobID"]: r for r in sacct(cluster, jobid)}[jobid]
+    assert row["State"] == "COMPLETED" and row["Partition"] == GPU_PART and row["Account"] == ACCOUNT, row
+    t = tres(row)
+    assert t["gres/gpu"] == "1" and t["cpu"] == "2", row["AllocTRES"]  # ONE GPU for the 4 cells
+
+    out_dir = work / "results" / SHARED_EXPERIMENT
+    assert (out_dir / "summary.csv").exists()
+    table = (out_dir / "tables" / "accuracy.md").read_text()
+    assert "fedavg" in table and "local" in table
+
+    # Side by side: some cells' runs overlap in time; never more than the job's gpu_slots at once.
+    t0 = min(start for start, _ in spans.values())
+    shown = {cell: (round(a - t0, 2), round(b - t0, 2)) for cell, (a, b) in sorted(spans.items(), key=lambda kv: kv[1])}
+    print(f"cells of job {jobid} (start, end in s after the first start): {shown}")
+    overlaps = {(a, b): min(spans[a][1], spans[b][1]) - max(spans[a][0], spans[b][0])
+                for a, b in itertools.combinations(spans, 2)}
+    assert max(overlaps.values()) > 1.0, f"no two cells ran side by side: {shown}"
+    for cell, (start, _) in spans.items():
+        running = [c for c, (a, b) in spans.items() if a <= start < b]
+        assert len(running) <= CELLS_PER_GPU, f"{running} ran at once, above {CELLS_PER_GPU} gpu_slots: {shown}"

@@ -147,6 +147,8 @@ def test_local_profile_limits_training_jobs_by_gpu_slots():
     assert cfg["resources"] == {"gpu_slots": 1}
     rule = (REPO / "workflow" / "rules" / "train.smk").read_text()
     assert "gpu_slots=1" in rule
+    tuning = (REPO / "workflow" / "rules" / "tuning.smk").read_text()
+    assert tuning.count("gpu_slots=1") == 2  # tuning trials and tuned cells train on the GPU too
 
 
 @pytest.fixture(scope="module")

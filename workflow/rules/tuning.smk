@@ -26,6 +26,7 @@ rule tune_trial:
     threads: 2
     resources:
         gpu=1,
+        gpu_slots=1,  # locally: one of the profile's `gpu_slots`, as a training cell
         mem_mb=16000,
         runtime=240,
     message:
@@ -122,6 +123,7 @@ if TUNED_LABELS:
         threads: 2
         resources:
             gpu=1,
+            gpu_slots=1,  # locally: one of the profile's `gpu_slots`, as a training cell
             mem_mb=16000,
             runtime=240,
         message:
