@@ -18,8 +18,8 @@ authors' FedTorch code mixes the outputs instead); buffers (BatchNorm statistics
 own, tracked on vbar's activations. vbar lives in a second model object of the method: per
 step it is written in one pass (w + alpha (v - w)) and gets a plain forward/backward, whose
 gradient g = grad f(vbar) gives both chain-rule terms (v's alpha g, alpha's <v - w, g>), so a
-step costs two standard passes plus a few element-wise ones (docs/throughput.md). The `reg * alpha` term is PFLlib's / FedTorch's
-(0.02), not in the paper. PFLlib trains v on its own loss and then overwrites it with the
+step costs two standard passes plus a few element-wise ones (docs/throughput.md).
+The `reg * alpha` term is PFLlib's / FedTorch's (0.02), not in the paper. PFLlib trains v on its own loss and then overwrites it with the
 mixture; here v follows the paper's gradient at the mixture.
 """
 
