@@ -31,6 +31,7 @@ from ..models import SplitModel, build_model
 from .data import AUGMENTATIONS, Client, Split, _normaliser
 from .vectorized import ClientFit, compiled_model, fit_many, vectorize_blocker
 
+
 def lars(params, lr: float, momentum: float, weight_decay: float) -> torch.optim.Optimizer:
     """lightly's LARS with the trust coefficient 0.02 of Calibre's paper-era config (eta_lars,
     methods.md §2.5); biases and normalisation weights (1-D tensors) are excluded from the layer-wise

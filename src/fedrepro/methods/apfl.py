@@ -61,6 +61,7 @@ class APFL(FedAvg):
                            float, minimum=0),
     }
     has_personal = True
+    _mixed: torch.nn.Module | None = None  # the second model object holding vbar (made at the first local update)
 
     def local_update(self, client, payload):
         engine, model = self.engine, self.engine.model
@@ -113,7 +114,7 @@ class APFL(FedAvg):
 
     def _mixture_model(self) -> torch.nn.Module:
         """The second model object that holds vbar during local training (made once per cell)."""
-        if getattr(self, "_mixed", None) is None:
+        if self._mixed is None:
             self._mixed = copy.deepcopy(self.engine.model)
         return self._mixed
 
