@@ -40,8 +40,8 @@ TRAINING_DEFAULTS: dict[str, Any] = {
     "eval_batch_size": 1024,
     "augment": "none",
     "deterministic": True,
-    # NHWC convolution weights on the CPU (oneDNN: fedavg_cnn steps 1.2x, cnn4 1.6x, evaluation 1.7-2.2x;
-    # docs/throughput.md); GPUs keep the default layout (unmeasured there). Cells of older versions
+    # NHWC convolution weights on the CPU (oneDNN: fedavg_cnn steps 1.2x, cnn4 1.5x, evaluation 1.7-2.8x;
+    # benchmarks/layouts.py, docs/throughput.md); GPUs keep the default layout (unmeasured there). Cells of older versions
     # lack the key and ran the default layout: the engine reads an absent key as false.
     "channels_last": "auto",
 }
