@@ -82,6 +82,7 @@ class APFL(FedAvg):
         model.train()
         mixed.train()
         total, seen = torch.zeros((), device=engine.device), 0
+        diff = [torch.empty_like(t) for t in v_list]  # v - w at each step
         for x, y in engine.batches(client):
             with torch.no_grad():
                 for vbar, w, v_k in zip(vbar_list, w_list, v_list):
@@ -94,8 +95,11 @@ class APFL(FedAvg):
             with torch.no_grad():
                 g = [p.grad for p in vbar_list]
                 if self.hp["adaptive_alpha"]:  # d/d alpha f(vbar) = <v - w, g>, at the point before the steps
-                    grad_alpha = sum(torch.vdot((v_k - w).reshape(-1), g_k.reshape(-1)) for v_k, w, g_k in zip(v_list, w_list, g))
-                for v_k, g_k in zip(v_list, torch._foreach_mul(g, alpha)):  # d/dv f(vbar) = alpha g
+                    for d, v_k, w in zip(diff, v_list, w_list):
+                        torch.sub(v_k, w, out=d)  # into buffers made once: no allocation per step
+                    grad_alpha = sum(torch.vdot(d.reshape(-1), g_k.reshape(-1)) for d, g_k in zip(diff, g))
+                torch._foreach_mul_(g, alpha)  # d/dv f(vbar) = alpha g, in vbar's gradient buffers (read above)
+                for v_k, g_k in zip(v_list, g):
                     v_k.grad = g_k
             opt_w.step()
             opt_v.step()
