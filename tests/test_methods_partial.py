@@ -130,6 +130,29 @@ def test_fedbabu_never_trains_the_head_and_fine_tunes_the_whole_model_to_persona
     assert equal(eng.method.global_params(), glob)  # ... on a copy: the server state is untouched
 
 
+def test_fedbabu_head_fine_tuning_uses_its_named_batch_size_and_momentum(tiny_partition, make_cell):
+    """finetune_part 'head' trains the head alone with head_batch_size / head_momentum (Calibre's
+    recipe as defaults; the momentum is [RECON]), not with values fixed in the code."""
+    eng = make_engine(tiny_partition, make_cell, "fedbabu", rounds=1,
+                      hparams={"finetune_part": "head", "head_batch_size": 7, "head_momentum": 0.5, "finetune_lr": 0.05})
+    eng.run()
+    calls = []
+    finetune_head = eng.finetune_head
+
+    def spy(params, client, **kw):
+        calls.append(kw)
+        return finetune_head(params, client, **kw)
+
+    eng.finetune_head = spy
+    glob = eng.method.global_params()
+    personal = eng.method.personal_params(eng.clients[0])
+    assert calls == [{"epochs": 2, "lr": 0.05, "batch_size": 7, "momentum": 0.5}]
+    assert equal(part(personal, "extractor."), part(glob, "extractor."))  # the extractor stays frozen
+    assert not equal(part(personal, "head."), part(glob, "head."))
+    defaults = {k: p.default for k, p in type(eng.method).hparams.items()}
+    assert (defaults["head_batch_size"], defaults["head_momentum"]) == (32, 0.9)
+
+
 @pytest.mark.parametrize("name", ["fedper", "fedrep", "fedbabu", "lg_fedavg"])
 def test_evaluation_does_not_change_training(tiny_partition, make_cell, name):
     """Evaluating every round (personal fine-tuning, averaging) leaves the run identical to

@@ -35,9 +35,14 @@ class FedBABU(FedAvg):
                                      "personalized evaluation (PFLlib fine_tuning_epochs, methods.md §6)", int, minimum=0),
         "finetune_lr": Param(None, "fine-tuning learning rate; null = the round's training learning rate (PFLlib "
                                    "fine-tunes with the client's training optimizer)", (float, type(None)), exclusive_minimum=0),
-        "finetune_part": Param("all", "what the fine-tuning trains: 'all' (FedBABU paper, PFLlib) or 'head', the head on frozen "
-                                      "features with SGD momentum 0.9 and batch 32 (Calibre's personalization of its baselines, "
+        "finetune_part": Param("all", "what the fine-tuning trains: 'all' (FedBABU paper, PFLlib; with the training "
+                                      "optimizer and batch size) or 'head', the head on frozen features with SGD and "
+                                      "head_batch_size / head_momentum (Calibre's personalization of its baselines, "
                                       "methods.md §6)", str, choices=("all", "head")),
+        "head_batch_size": Param(32, "batch size of the head-only fine-tuning (finetune_part 'head'; Calibre's recipe, "
+                                     "methods.md §6)", int, minimum=1),
+        "head_momentum": Param(0.9, "SGD momentum of the head-only fine-tuning (finetune_part 'head'); [RECON] from "
+                                    "Calibre's paper-era config (methods.md §2.5), as fedavg_ft's ft_momentum", float, minimum=0),
     }
 
     def start_params(self, client, payload):
@@ -50,7 +55,8 @@ class FedBABU(FedAvg):
     def personal_params(self, client):
         if self.hp["finetune_part"] == "head":
             head = self.engine.finetune_head(self.server["global"], client, epochs=self.hp["finetune_epochs"],
-                                             lr=self.hp["finetune_lr"] or self.engine.lr, batch_size=32, momentum=0.9)
+                                             lr=self.hp["finetune_lr"] or self.engine.lr,
+                                             batch_size=self.hp["head_batch_size"], momentum=self.hp["head_momentum"])
             return {**self.server["global"], **head}
         self.engine.set_params(self.server["global"])
         self.engine.fit(client, epochs=self.hp["finetune_epochs"], lr=self.hp["finetune_lr"])
