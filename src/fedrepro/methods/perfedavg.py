@@ -47,12 +47,14 @@ def loss_and_grads(model: torch.nn.Module, params: list[torch.Tensor], batch: Ba
     return loss, torch.autograd.grad(loss, params, create_graph=create_graph)
 
 
-def sgd_step(model: torch.nn.Module, params: list[torch.Tensor], batch: Batch, lr: float) -> torch.Tensor:
-    """w <- w - lr * grad f(w; batch) in place; returns f(w; batch)."""
+def sgd_step(model: torch.nn.Module, params: list[torch.Tensor], batch: Batch, lr: float,
+             scratch: list[torch.Tensor] | None = None) -> torch.Tensor:
+    """w <- w - lr * grad f(w; batch) in place; returns f(w; batch). `scratch`: buffers like
+    `params` for lr * grad (no parameter-sized temporary per step; docs/throughput.md)."""
     loss, grads = loss_and_grads(model, params, batch)
     with torch.no_grad():
-        for p, g in zip(params, grads):
-            p.sub_(lr * g)
+        for p, g, d in zip(params, grads, scratch if scratch is not None else map(torch.empty_like, params)):
+            p.sub_(torch.mul(g, lr, out=d))
     return loss.detach()
 
 
@@ -63,23 +65,31 @@ def hessian_vector_product(model: torch.nn.Module, params: list[torch.Tensor], b
     return torch.autograd.grad(grads, params, grad_outputs=list(vector))
 
 
-def meta_step(model: torch.nn.Module, batches: Sequence[Batch], alpha: float, beta: float, hessian_free: bool) -> torch.Tensor:
+def meta_step(model: torch.nn.Module, batches: Sequence[Batch], alpha: float, beta: float, hessian_free: bool,
+              scratch: tuple[list[torch.Tensor], list[torch.Tensor]] | None = None) -> torch.Tensor:
     """One Per-FedAvg update of the model's parameters in place (FO: 2 batches, HF: 3).
-    Returns the loss of w on D1."""
+    Returns the loss of w on D1. `scratch` (`meta_scratch`): two lists of buffers like the
+    parameters (w's copy, the step), made once per local update instead of every step."""
     params = [p for p in model.parameters() if p.requires_grad]
-    w = [p.detach().clone() for p in params]
-    loss = sgd_step(model, params, batches[0], alpha)  # the temporary model w' = w - alpha grad f(w; D1)
+    w, step = scratch if scratch is not None else meta_scratch(params)
+    with torch.no_grad():
+        torch._foreach_copy_(w, params)
+    loss = sgd_step(model, params, batches[0], alpha, step)  # the temporary model w' = w - alpha grad f(w; D1)
     _, meta_grads = loss_and_grads(model, params, batches[1])  # grad f(w'; D2)
     with torch.no_grad():
-        for p, w0 in zip(params, w):
-            p.copy_(w0)
+        torch._foreach_copy_(params, w)
     if hessian_free:  # the second-order correction at w: (I - alpha H(w; D3)) grad f(w'; D2)
         hv = hessian_vector_product(model, params, batches[2], meta_grads)
         meta_grads = [g - alpha * h for g, h in zip(meta_grads, hv)]
     with torch.no_grad():
-        for p, g in zip(params, meta_grads):
-            p.sub_(beta * g)
+        for p, g, d in zip(params, meta_grads, step):
+            p.sub_(torch.mul(g, beta, out=d))
     return loss
+
+
+def meta_scratch(params: list[torch.Tensor]) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """The buffers of `meta_step`: a copy of w and the step, one of each per parameter."""
+    return [torch.empty_like(p) for p in params], [torch.empty_like(p) for p in params]
 
 
 @register
@@ -104,11 +114,12 @@ class PerFedAvg(FedAvg):
         model.train()
         parts = 3 if self.hp["variant"] == "hf" else 2
         total, seen = torch.zeros((), device=engine.device), 0
+        scratch = meta_scratch([p for p in model.parameters() if p.requires_grad])
         for x, y in engine.batches(client, batch_size=parts * engine.training["batch_size"]):
             if len(y) < parts:  # a last batch too small to split
                 continue
             batches = list(zip(x.tensor_split(parts), y.tensor_split(parts)))
-            loss = meta_step(model, batches, self.step("alpha"), self.step("beta"), self.hp["variant"] == "hf")
+            loss = meta_step(model, batches, self.step("alpha"), self.step("beta"), self.hp["variant"] == "hf", scratch)
             total += loss * len(batches[0][1])
             seen += len(batches[0][1])
         return Update(client.id, client.num_train, engine.get_params(self.shared), loss=float(total) / max(seen, 1))

@@ -28,25 +28,41 @@ from .fedavg import FedAvg
 
 
 def pfedme_batch_step(model: torch.nn.Module, w: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor, *,
-                      K: int, lam: float, personal_lr: float, lr: float, mu: float = 0.0) -> torch.Tensor:
+                      K: int, lam: float, personal_lr: float, lr: float, mu: float = 0.0,
+                      scratch: list[tuple[torch.Tensor, torch.Tensor | None]] | None = None) -> torch.Tensor:
     """One pFedMe local iteration on the batch (x, y); the model's parameters are theta~.
 
     theta~ <- theta~ - personal_lr * (grad f(theta~) + lam (theta~ - w) + mu theta~), K times;
     then w <- w - lr * lam * (w - theta~), in place. Returns the loss of the first inner step.
+    `scratch` (`pfedme_scratch`, made here if not given): buffers, so that the steps
+    allocate nothing the size of the model: parameter-sized temporaries cost more than
+    the arithmetic on the CPU (docs/throughput.md). Same operations in the same order as the
+    formula, so the result is bit for bit the formula's.
     """
     named = [(k, p) for k, p in model.named_parameters() if p.requires_grad]
+    params = [p for _, p in named]
+    ws = [w[k] for k, _ in named]
+    scratch = scratch if scratch is not None else pfedme_scratch(params, mu)
     first = None
     for _ in range(K):
         loss = F.cross_entropy(model(x), y)
-        grads = torch.autograd.grad(loss, [p for _, p in named])
+        grads = torch.autograd.grad(loss, params)
         with torch.no_grad():
-            for (k, p), g in zip(named, grads):
-                p.sub_(personal_lr * (g + lam * (p - w[k]) + mu * p))
+            for p, w_k, g, (d, e) in zip(params, ws, grads, scratch):
+                torch.sub(p, w_k, out=d).mul_(lam).add_(g)  # g + lam (theta~ - w)
+                if mu:
+                    d.add_(torch.mul(p, mu, out=e))  # + mu theta~
+                p.sub_(d.mul_(personal_lr))
         first = loss.detach() if first is None else first
     with torch.no_grad():
-        for k, p in named:
-            w[k].sub_(lr * lam * (w[k] - p))
+        for p, w_k, (d, _) in zip(params, ws, scratch):
+            w_k.sub_(torch.sub(w_k, p, out=d).mul_(lr * lam))
     return first
+
+
+def pfedme_scratch(params: list[torch.Tensor], mu: float) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
+    """The buffers of `pfedme_batch_step`: per parameter, one for the step and (mu > 0) one for mu theta~."""
+    return [(torch.empty_like(p), torch.empty_like(p) if mu else None) for p in params]
 
 
 @register
@@ -75,9 +91,10 @@ class PFedMe(FedAvg):
         w = {k: payload[k].clone() for k, _ in model.named_parameters()}  # the local model
         model.train()
         total, seen = torch.zeros((), device=engine.device), 0
+        scratch = pfedme_scratch([p for p in model.parameters() if p.requires_grad], self.hp["mu"])
         for x, y in engine.batches(client):
             loss = pfedme_batch_step(model, w, x, y, K=self.hp["K"], lam=self.hp["lam"], personal_lr=self.hp["personal_lr"],
-                                     lr=engine.lr, mu=self.hp["mu"])
+                                     lr=engine.lr, mu=self.hp["mu"], scratch=scratch)
             total += loss * len(y)
             seen += len(y)
         client.state["theta"] = engine.get_params()
