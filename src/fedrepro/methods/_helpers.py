@@ -14,11 +14,15 @@ def proximal_hook(anchor: Params, mu: float, prefixes: Iterable[str] = ("",)) ->
     (mu / 2) * ||w - anchor||^2, i.e. PFLlib's PerturbedGradientDescent (FedProx's
     proximal term, Ditto's and pFedMe's pull towards the global model)."""
     prefixes = tuple(prefixes)
+    diff: dict[str, torch.Tensor] = {}  # w - anchor, in buffers kept across steps (no temporaries per step)
 
     def hook(model: torch.nn.Module) -> None:
         for name, p in model.named_parameters():
             if p.grad is not None and name.startswith(prefixes):
-                p.grad.add_(p.detach() - anchor[name], alpha=mu)
+                buf = diff.get(name)
+                if buf is None or buf.shape != p.shape:  # first step, or a vectorized fit's chunk of another size
+                    buf = diff[name] = torch.empty_like(p)
+                p.grad.add_(torch.sub(p.detach(), anchor[name], out=buf), alpha=mu)
 
     return hook
 
