@@ -595,7 +595,7 @@ def markdown(summary: list[dict], args) -> str:
         d = "n/a" if math.isnan(r["diff"]) else f"{100 * r['diff']:+.2f}"
         pt = "n/a" if math.isnan(r["pfllib_s_per_round"]) else f"{r['pfllib_s_per_round']:.2f}"
         ft = "n/a" if math.isnan(r["fedrepro_s_per_round"]) else f"{r['fedrepro_s_per_round']:.2f}"
-        sr = "n/a" if math.isnan(r["speed_ratio"]) else f"{r['speed_ratio']:.1f}×"
+        sr = "n/a" if math.isnan(r["speed_ratio"]) else f"{r['speed_ratio']:.2f}×"
         pa = fmt(r["pfllib_mean"], r["pfllib_std"])
         if r.get("pfllib_failed"):
             pa = "failed: " + "; ".join(r["pfllib_failed"]).replace("|", "/")

@@ -4,6 +4,8 @@ client), so the hand computations see exactly the data the method saw."""
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -125,6 +127,28 @@ def test_pfedme_inner_steps_then_w_moves_towards_theta():
     for k in theta:
         assert torch.allclose(got_theta[k], theta[k], atol=1e-6)
         assert torch.allclose(w[k], w0[k] - lr * lam * (w0[k] - theta[k]), atol=1e-6)
+
+
+@pytest.mark.parametrize("mu", [0.0, 0.1])
+def test_pfedme_step_gives_the_formula_bit_for_bit(mu):
+    """The in-place step (buffers, no temporaries) performs the formula's operations in its
+    order: the same bits, so cells run before the buffers reproduce exactly."""
+    model, (x, y) = tiny_linear(), tiny_batch(3)
+    by_hand = copy.deepcopy(model)
+    K, lam, plr, lr = 3, 2.0, 0.1, 0.05
+    theta = dict(by_hand.named_parameters())
+    w0 = {k: t.detach() + 0.5 for k, t in theta.items()}
+    w = {k: t.clone() for k, t in w0.items()}
+    pfedme_batch_step(model, w, x, y, K=K, lam=lam, personal_lr=plr, lr=lr, mu=mu)
+    for _ in range(K):  # the formula as written, one temporary per operation
+        g = torch.autograd.grad(F.cross_entropy(by_hand(x), y), list(theta.values()))
+        with torch.no_grad():
+            for (k, t), gk in zip(theta.items(), g):
+                t.sub_(plr * (gk + lam * (t - w0[k]) + mu * t))
+    got = dict(model.named_parameters())
+    for k in theta:
+        assert torch.equal(got[k], theta[k])
+        assert torch.equal(w[k], w0[k] - lr * lam * (w0[k] - theta[k]))
 
 
 def test_pfedme_theta_solves_the_moreau_problem():
