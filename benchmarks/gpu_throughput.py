@@ -74,7 +74,7 @@ from fedrepro.config import resolve_experiment  # noqa: E402
 from fedrepro.data.datasets import load_dataset, prepare_dataset  # noqa: E402
 from fedrepro.data.shards import load_partition, write_partition  # noqa: E402
 from fedrepro.engine.data import load_clients  # noqa: E402
-from fedrepro.engine.engine import Engine, channels_last  # noqa: E402
+from fedrepro.engine.engine import Engine, use_layout  # noqa: E402
 from fedrepro.engine.run import pick_device, set_determinism  # noqa: E402
 from fedrepro.io import derive_seed  # noqa: E402
 from fedrepro.models import build_model  # noqa: E402
@@ -188,9 +188,8 @@ def central_row(args, manifest, shards, device, clients: int, batch: int) -> dic
     x = torch.cat([c.train.x for c in data])
     y = torch.cat([c.train.y for c in data])
     torch.manual_seed(0)
-    model = build_model("fedavg_cnn", manifest["sample_shape"], manifest["num_classes"]).to(device)
-    if channels_last("auto", device):  # the engine's default layout on this device
-        model.to(memory_format=torch.channels_last)
+    model = use_layout(build_model("fedavg_cnn", manifest["sample_shape"], manifest["num_classes"]).to(device),
+                       "auto", device)  # the engine's default layout on this device
     opt = torch.optim.SGD(model.parameters(), lr=FEDREPRO_TRAINING["optimizer"]["lr"])
     g = torch.Generator().manual_seed(derive_seed(0, "central"))
     stop = len(y) - len(y) % batch

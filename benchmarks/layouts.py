@@ -21,6 +21,7 @@ import time
 import torch
 import torch.nn.functional as F
 
+from fedrepro.engine.engine import use_layout
 from fedrepro.models import build_model
 
 ROWS = [  # model, sample shape, training batch, training steps
@@ -34,9 +35,7 @@ ROWS = [  # model, sample shape, training batch, training steps
 
 def measure(name: str, shape: tuple, batch: int, steps: int, nhwc: bool, device: torch.device) -> tuple[float, float]:
     torch.manual_seed(0)
-    model = build_model(name, shape, 10).to(device)
-    if nhwc:
-        model.to(memory_format=torch.channels_last)
+    model = use_layout(build_model(name, shape, 10).to(device), nhwc, device)
     x = torch.randn(batch * (steps + 1), *shape, device=device)
     y = torch.randint(0, 10, (len(x),), device=device)
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)

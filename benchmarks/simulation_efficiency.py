@@ -23,7 +23,7 @@ from fedrepro.config import resolve_experiment
 from fedrepro.data.datasets import load_dataset, prepare_dataset
 from fedrepro.data.shards import load_partition, write_partition
 from fedrepro.engine.data import load_clients
-from fedrepro.engine.engine import Engine, channels_last
+from fedrepro.engine.engine import Engine, use_layout
 from fedrepro.engine.run import pick_device, set_determinism
 from fedrepro.io import derive_seed
 from fedrepro.models import build_model
@@ -73,9 +73,8 @@ def main() -> None:
     x = torch.cat([c.train.x for c in clients])
     y = torch.cat([c.train.y for c in clients])
     torch.manual_seed(0)
-    model = build_model(cell["model"]["name"], manifest["sample_shape"], manifest["num_classes"]).to(device)
-    if channels_last(cell["training"]["channels_last"], device):  # the engine's layout for this cell
-        model.to(memory_format=torch.channels_last)
+    model = use_layout(build_model(cell["model"]["name"], manifest["sample_shape"], manifest["num_classes"]).to(device),
+                       cell["training"]["channels_last"], device)  # the engine's layout for this cell
     opt = torch.optim.SGD(model.parameters(), lr=cell["training"]["optimizer"]["lr"])
     g = torch.Generator().manual_seed(derive_seed(0, "central"))
     model.train()

@@ -1,7 +1,7 @@
 """Parameter-sized temporaries in a method's per-step arithmetic, on this device: microseconds
 per step of each method's update written as the formula (one fresh tensor per operation and
-parameter) beside the in-place form the methods use (buffers made once per local update),
-in one run, with a check that both give the same bits. The evidence behind the buffers of
+parameter) beside the in-place form the methods use (buffers made once per local update;
+copied here without the forward/backward their steps include), in one run, with a check that both give the same bits. The evidence behind the buffers of
 pFedMe, Per-FedAvg, APFL and `proximal_hook` (docs/throughput.md).
 
     .venv/bin/python benchmarks/temporaries.py            # one thread, the CPU
@@ -21,7 +21,7 @@ import time
 
 import torch
 
-from fedrepro.engine.engine import channels_last
+from fedrepro.engine.engine import use_layout
 from fedrepro.models import build_model
 
 LAM, PLR, MU, LR = 1.0, 0.01, 0.001, 0.005  # the parity protocol's pFedMe / Per-FedAvg values
@@ -94,9 +94,7 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(args.threads)
     device = torch.device("cpu")
     torch.manual_seed(0)
-    model = build_model(args.model, tuple(args.shape), 10)
-    if channels_last({"channels_last": "auto"}, device):
-        model = model.to(memory_format=torch.channels_last)
+    model = use_layout(build_model(args.model, tuple(args.shape), 10), "auto", device)  # as the engine lays it out
     base = [p.detach().clone() for p in model.parameters()]
     n = sum(p.numel() for p in base)
 

@@ -104,8 +104,16 @@ def sampling_schedule(num_clients: int, participation: float | int, rounds: int,
 def channels_last(setting: bool | str, device: torch.device) -> bool:
     """Whether the model's 4-d weights take the channels-last layout: `training.channels_last`
     true/false, or "auto" = on the CPU only (measured faster there for every conv model of the
-    registry, benchmarks/gpu_throughput.py; on GPUs FP32 NHWC is not known to pay)."""
+    registry, benchmarks/layouts.py; on GPUs FP32 NHWC is not known to pay)."""
     return device.type == "cpu" if setting == "auto" else bool(setting)
+
+
+def use_layout(model: torch.nn.Module, setting: bool | str, device: torch.device) -> torch.nn.Module:
+    """`model` (in place) in the layout `training.channels_last` = `setting` gives it on `device`:
+    NHWC convolution weights where `channels_last` says so (faster CPU (oneDNN) and tensor-core
+    convolutions; the same initial values, results equal to floating-point tolerance, not bit
+    for bit). The engine and the benchmarks' plain loops lay models out through this."""
+    return model.to(memory_format=torch.channels_last) if channels_last(setting, device) else model
 
 
 class Engine:
@@ -129,10 +137,7 @@ class Engine:
         self._pooled_cache: dict[str, torch.Tensor] = {}
         torch.manual_seed(derive_seed(self.seed, "model-init"))
         self.model: SplitModel = build_model(cell["model"]["name"], manifest["sample_shape"], self.num_classes, cell["model"].get("params")).to(device)
-        if channels_last(self.training.get("channels_last", False), device):  # absent in older cells: as before
-            # NHWC convolution weights: faster CPU (oneDNN) and tensor-core convolutions; the same
-            # initial values, results equal to floating-point tolerance (not bit for bit).
-            self.model.to(memory_format=torch.channels_last)
+        use_layout(self.model, self.training.get("channels_last", False), device)  # absent in older cells: as before
         self.augment = AUGMENTATIONS[self.training["augment"]]
         self.normalisation = _normaliser(manifest, device)  # (mean, std) per channel: what the data tensors were scaled by
         entry = METHODS.entry(cell["method"])
