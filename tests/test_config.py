@@ -237,6 +237,9 @@ BAD = [
      ["lr_schedule.values", "[0.1, 0.01]", "allowed", "3"]),
     ("multistep-milestones-decreasing", _set("training/lr_schedule", {"name": "multistep", "milestones": [3, 2]}),
      ["lr_schedule.milestones", "[3, 2]", "allowed"]),
+    ("personal-eval-not-a-multiple", _set("methods/fedavg/training", {"eval_every": 2, "personal_eval_every": 3}),
+     ["methods.fedavg.training.personal_eval_every", "3", "allowed", "multiple", "eval_every", "(2)"]),
+    ("personal-eval-zero", _set("training/personal_eval_every", 0), ["training.personal_eval_every", "0", "allowed"]),
     ("bad-experiment-name", _set("experiment", "has space"), ["experiment", "'has space'", "allowed"]),
     # ---- names that would escape results/<experiment>/ or mix into shared folders (issue 15)
     ("experiment-trailing-newline", _set("experiment", "test\n"), ["experiment", "'test\\n'", "allowed", "64 characters"]),

@@ -195,7 +195,7 @@ def test_diverging_run_is_recorded_as_failed(tiny_partition, make_cell, tmp_path
 
 
 def test_crash_leaves_no_metrics(tiny_partition, make_cell, tmp_path, monkeypatch):
-    def boom(self):
+    def boom(self, **kwargs):
         raise RuntimeError("disk on fire")
 
     monkeypatch.setattr(Engine, "evaluate", boom)

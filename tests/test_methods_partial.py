@@ -166,3 +166,27 @@ def test_evaluation_does_not_change_training(tiny_partition, make_cell, name):
     assert equal(server_a, server_b)
     assert all(a.keys() == b.keys() and all(equal(a[k], b[k]) for k in a) for a, b in zip(states_a, states_b))
     assert final_a == final_b
+
+
+def test_personal_eval_every_scores_the_personal_column_only_where_asked(tiny_partition, make_cell):
+    """`training.personal_eval_every: 2` over 4 rounds: FedBABU's fine-tuning runs at rounds 2
+    and 4 only (half the calls), the personalized curve is null at rounds 1 and 3, and
+    everything else (global curve, the scores at rounds 2 and 4, final) equals the default run."""
+    runs = []
+    for training in ({}, {"personal_eval_every": 2}):
+        eng = make_engine(tiny_partition, make_cell, "fedbabu", rounds=4, eval_every=1, **training)
+        calls, personal_params = [], eng.method.personal_params
+        eng.method.personal_params = lambda client: (calls.append(eng.round), personal_params(client))[1]
+        runs.append((eng.run(), calls))
+    (full, full_calls), (sparse, sparse_calls) = runs
+    n = len(full["clients"]["ids"])
+    assert full_calls == [r for r in (1, 2, 3, 4) for _ in range(n)]
+    assert sparse_calls == [r for r in (2, 4) for _ in range(n)]
+    curve, full_curve = sparse["curves"]["personal_acc"]["weighted_mean"], full["curves"]["personal_acc"]["weighted_mean"]
+    assert sparse["curves"]["round"] == [1, 2, 3, 4]
+    assert curve[0] is None and curve[2] is None
+    assert (curve[1], curve[3]) == (full_curve[1], full_curve[3]) and None not in full_curve
+    assert sparse["curves"]["global_acc"] == full["curves"]["global_acc"]
+    assert sparse["final"] == full["final"] and sparse["summary"] == full["summary"]
+    res = sparse["resources"]
+    assert 0 < res["personal_eval_time_s"] <= res["eval_time_s"]  # the fine-tuning's share, recorded apart

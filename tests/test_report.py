@@ -17,7 +17,7 @@ from fedrepro.report.aggregate import (
     write_curves_csv,
     write_summary,
 )
-from fedrepro.report.plots import plot_client_distribution, plot_curves, plot_partition
+from fedrepro.report.plots import _band, plot_client_distribution, plot_curves, plot_partition, plt
 from fedrepro.report.tables import DEFAULT_TABLES, pivot_table, write_tables
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -254,6 +254,22 @@ def test_plots_are_deterministic(cells, manifest, tmp_path):
         plot_partition(manifest, tmp_path / f"p{i}.png")
     for name in "cdp":
         assert (tmp_path / f"{name}1.png").read_bytes() == (tmp_path / f"{name}2.png").read_bytes()
+
+
+def test_curve_joins_the_rounds_a_sparse_column_scored():
+    """A personalized curve scored every 2nd round (`training.personal_eval_every: 2`; null
+    between) is drawn through rounds 2 and 4, not as isolated points in NaN gaps."""
+    cell = make_cell("fmnist", "dir0.1", "fedavg_ft", 0)
+    cell["curves"] = {"round": [1, 2, 3, 4], "global_acc": {"weighted_mean": [0.1, 0.2, 0.3, 0.4]},
+                      "personal_acc": {"weighted_mean": [None, 0.5, None, 0.7]}, "train_loss": [1.0] * 4}
+    frame = curves_frame([cell])
+    acc = frame[(frame["metric"] == "acc") & (frame["stat"] == "weighted_mean")]
+    fig, ax = plt.subplots()
+    personal = _band(ax, acc[acc["kind"] == "personal"], 100.0)
+    glob = _band(ax, acc[acc["kind"] == "global"], 100.0)
+    plt.close(fig)
+    assert list(personal.get_xdata()) == [2, 4] and list(personal.get_ydata()) == [50.0, 70.0]
+    assert list(glob.get_xdata()) == [1, 2, 3, 4]
 
 
 def test_plots_edge_cases(manifest, tmp_path):

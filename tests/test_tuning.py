@@ -116,6 +116,11 @@ def test_tuning_block_expands_into_trials_and_tuned_final_cells():
     assert {(c["training"]["rounds"], c["training"]["eval_every"]) for c in longer["tuning_cells"]} == {(4, 4)}
     assert all(c["training"]["global_test"] == [] for c in longer["tuning_cells"])
     assert all(c["training"]["global_test"] == ["union"] for c in longer["cells"])
+    # a trial scores its last round only: the final cells' personal_eval_every (2, not a multiple of the
+    # trial's eval_every 4) is dropped from the trials, not rejected
+    sparse = resolve_experiment(tuning_config({"training": {"rounds": 4}}, eval_every=1, personal_eval_every=2))
+    assert all("personal_eval_every" not in c["training"] for c in sparse["tuning_cells"])
+    assert all(c["training"]["personal_eval_every"] == 2 for c in sparse["cells"])
     assert sorted(c["training"]["optimizer"]["lr"] for c in trials if c["label"] == "fedavg") == [0.01, 0.1]
     assert sorted(c["hparams"]["mu"] for c in trials if c["label"] == "fedprox") == [0.01, 1.0]
     assert exp == resolve_experiment(tuning_config())  # deterministic

@@ -162,6 +162,10 @@ def resolve_training(training: dict | None, where: str, num_clients: int | None 
             raise ConfigError(f"config key '{where}.lr_schedule.values' has value {s['values']}; allowed: len(milestones) + 1 = {len(s['milestones']) + 1} learning rates")
     if s["name"] == "cosine":
         s["total_rounds"] = t["rounds"]
+    k = t.get("personal_eval_every")
+    if k is not None and k % t["eval_every"]:
+        raise ConfigError(f"config key '{where}.personal_eval_every' has value {k}; allowed: a multiple of "
+                          f"'{where}.eval_every' ({t['eval_every']}): the personalized models are scored at evaluations")
     return t
 
 
@@ -369,6 +373,8 @@ def _tuning_cells(tuning: dict, cells: list[dict], base_training: dict, datasets
         # Only the last round is scored (unless tuning.training says otherwise); test-based extras have no place in a trial.
         if "eval_every" not in tuning["training"]:
             override["eval_every"] = override.get("rounds", TRAINING_DEFAULTS["rounds"])
+            if "personal_eval_every" not in tuning["training"]:
+                override.pop("personal_eval_every", None)
         override["global_test"] = []
         where = "tuning.training"
         t = resolve_training(override, where, spec["num_clients"] - spec["unseen_clients"])

@@ -154,6 +154,7 @@ class Engine:
         self.compile = self.training.get("compile", False)  # absent in older cells: eager, as before
         self._compiled: torch.nn.Module | None = None
         self._streams: dict[int, int] = {}  # per-client batch stream positions of a vectorized round
+        self.personal_eval_time = 0.0  # seconds of evaluate() spent on personalized models (resources)
 
     def _vectorized(self) -> bool:
         """Whether rounds run the sampled clients' local updates as one vectorized computation:
@@ -388,10 +389,12 @@ class Engine:
             return "excluded"
         return self.untrained_rule if self.method.has_personal else "global"
 
-    def evaluate(self) -> dict[str, Any]:
+    def evaluate(self, personal: bool = True) -> dict[str, Any]:
         """Per-client accuracy and macro-F1 of the global and personalized models on each
         client's own test split (and validation split, where there is one). Clients that have
-        not trained yet are scored by the untrained rule (`scored_by`); excluded ones get NaN."""
+        not trained yet are scored by the untrained rule (`scored_by`); excluded ones get NaN.
+        `personal=False` (a round `training.personal_eval_every` skips): the personalized
+        column is NaN for every client, and no personalized model is computed."""
         splits = ["test"] + (["val"] if any(len(c.val) for c in self.clients) else [])
         record: dict[str, Any] = {"round": self.round, "scored_by": [self.scored_by(c) for c in self.clients]}
         keep = [how != "excluded" for how in record["scored_by"]]
@@ -404,7 +407,11 @@ class Engine:
                 scores = [self._scores(getattr(c, split).y, pred[a:b]) if k else _NO_SCORE
                           for c, a, b, k in zip(self.clients, bounds[:-1], bounds[1:], keep)]
                 record[f"{split}/global"] = {"acc": [s[0] for s in scores], "f1": [s[1] for s in scores]}
-        if method.has_personal:
+        if method.has_personal and not personal:
+            for split in splits:
+                record[f"{split}/personal"] = {"acc": [math.nan] * len(self.clients), "f1": [math.nan] * len(self.clients)}
+        elif method.has_personal:
+            t0 = time.perf_counter()
             per = {s: [] for s in splits}
             for c, how in zip(self.clients, record["scored_by"]):
                 params = self.personal_model(c, how)
@@ -413,6 +420,7 @@ class Engine:
                     per[split].append(_NO_SCORE if params is None else self._scores(data.y, self.predict(params, data.x)))
             for split in splits:
                 record[f"{split}/personal"] = {"acc": [s[0] for s in per[split]], "f1": [s[1] for s in per[split]]}
+            self.personal_eval_time += time.perf_counter() - t0
         return record
 
     def personal_model(self, client: Client, how: str) -> dict[str, torch.Tensor] | None:
@@ -595,7 +603,7 @@ class Engine:
             t2 = time.perf_counter()
             train_time += t2 - t1
             if r % t["eval_every"] == 0 or r == rounds:
-                record = self.evaluate()
+                record = self.evaluate(personal=r % (t.get("personal_eval_every") or 1) == 0 or r == rounds)
                 record["train_loss"] = train_loss
                 history.append(record)
                 eval_time += time.perf_counter() - t2
@@ -613,6 +621,8 @@ class Engine:
             "wall_time_s": time.perf_counter() - t0,
             "train_time_s": train_time,
             "eval_time_s": eval_time,
+            # the part of the rounds' evaluations that made and scored the personalized models (fine-tuning, probes)
+            "personal_eval_time_s": self.personal_eval_time,
             "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
             "peak_gpu_mb": torch.cuda.max_memory_allocated() / 2**20 if self.device.type == "cuda" else None,
             "device": str(self.device),
@@ -660,7 +670,8 @@ _NO_SCORE = (math.nan, math.nan)  # accuracy and F1 of a client left out (exclud
 
 def _headline(record: dict, test_sizes: list[int]) -> str:
     stats = summaries(record, "test", test_sizes)
-    return ", ".join(f"{kind} acc {stats[f'{kind}_acc']['weighted_mean']:.4f}" for kind in ("global", "personal") if f"{kind}_acc" in stats)
+    return ", ".join(f"{kind} acc {stats[f'{kind}_acc']['weighted_mean']:.4f}" for kind in ("global", "personal")
+                     if f"{kind}_acc" in stats and not math.isnan(stats[f"{kind}_acc"]["weighted_mean"]))
 
 
 class _progress:
