@@ -256,9 +256,10 @@ def test_plots_are_deterministic(cells, manifest, tmp_path):
         assert (tmp_path / f"{name}1.png").read_bytes() == (tmp_path / f"{name}2.png").read_bytes()
 
 
-def test_curve_joins_the_rounds_a_sparse_column_scored():
+def test_curve_joins_the_rounds_a_sparse_column_scored(tmp_path):
     """A personalized curve scored every 2nd round (`training.personal_eval_every: 2`; null
-    between) is drawn through rounds 2 and 4, not as isolated points in NaN gaps."""
+    between) is drawn through rounds 2 and 4, not as isolated points in NaN gaps, and the
+    dvc plots CSV has rows for those rounds only."""
     cell = make_cell("fmnist", "dir0.1", "fedavg_ft", 0)
     cell["curves"] = {"round": [1, 2, 3, 4], "global_acc": {"weighted_mean": [0.1, 0.2, 0.3, 0.4]},
                       "personal_acc": {"weighted_mean": [None, 0.5, None, 0.7]}, "train_loss": [1.0] * 4}
@@ -270,6 +271,9 @@ def test_curve_joins_the_rounds_a_sparse_column_scored():
     plt.close(fig)
     assert list(personal.get_xdata()) == [2, 4] and list(personal.get_ydata()) == [50.0, 70.0]
     assert list(glob.get_xdata()) == [1, 2, 3, 4]
+    write_curves_csv([cell], tmp_path / "curves.csv")
+    rows = pd.read_csv(tmp_path / "curves.csv")
+    assert rows.groupby("kind")["round"].apply(list).to_dict() == {"global": [1, 2, 3, 4], "personal": [2, 4]}
 
 
 def test_plots_edge_cases(manifest, tmp_path):

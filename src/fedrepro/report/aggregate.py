@@ -238,9 +238,10 @@ def curves_frame(cells: list[dict]) -> pd.DataFrame:
 
 
 def write_curves_csv(cells: list[dict], path: str | Path) -> None:
-    """Compact `dvc plots` CSV: dataset, partition, label, kind, seed, round, acc_weighted_mean."""
+    """Compact `dvc plots` CSV: dataset, partition, label, kind, seed, round, acc_weighted_mean.
+    A round where a column was not scored (`training.personal_eval_every`) has no row."""
     curves = curves_frame(cells)
-    acc = curves[(curves["metric"] == "acc") & (curves["stat"] == "weighted_mean")]
+    acc = curves[(curves["metric"] == "acc") & (curves["stat"] == "weighted_mean")].dropna(subset=["value"])
     acc = acc.rename(columns={"value": "acc_weighted_mean"})
     cols = ["dataset", "partition", "label", "kind", "seed", "round", "acc_weighted_mean"]
     with atomic_path(path) as tmp:
