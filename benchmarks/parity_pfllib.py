@@ -32,6 +32,11 @@ PFLlib runs once after its loop, outside its Budget (FedBABU's fine-tuning), is 
 both: fedrepro scores it at the last round only (`personal_eval_every` >= R) and its time
 (`personal_eval_time_s`) is kept apart in the record as `after_loop_s`.
 
+Speed on a shared machine moves by about ±0.1 in the ratio between runs minutes apart:
+`--pairs N` times every run N times (PFLlib's runs, then fedrepro's, both recomputed from the
+second pair on) and reports the mean of the pairs' ratios with their range. With one method
+per invocation each pair runs back to back.
+
 Results are cached per (framework, method, seed, config hash) under --work; a rerun only
 computes what is missing. Outputs in --work: parity_f<fraction>_r<rounds>.md (the table), .json (rows,
 every run with its per-round accuracies and times) and .csv (one line per framework, run, seed,
@@ -572,7 +577,21 @@ def fmt(m: float, s: float) -> str:
     return "n/a" if math.isnan(m) else f"{100 * m:.2f} ± {100 * s:.2f}"
 
 
-def summarize_rows(rows: list[Row], pres: dict, fres: dict, rounds: int, failures: dict | None = None) -> list[dict]:
+def speed_stats(pairs: list[tuple[float, float]]) -> dict:
+    """PFLlib's and fedrepro's s/round over the timed pairs (means) and the speed ratio: the mean of
+    the pairs' ratios PFLlib ÷ fedrepro, with their min and max (NaN where a side has no time)."""
+    ratios = [p / f for p, f in pairs if f and not math.isnan(p) and not math.isnan(f)]
+    mean = lambda v: float(np.mean(v)) if v else math.nan  # noqa: E731
+    return {"pfllib_s_per_round": mean([p for p, _ in pairs if not math.isnan(p)]),
+            "fedrepro_s_per_round": mean([f for _, f in pairs if not math.isnan(f)]),
+            "speed_ratio": mean(ratios), "speed_ratio_min": min(ratios, default=math.nan),
+            "speed_ratio_max": max(ratios, default=math.nan), "speed_pairs": len(ratios)}
+
+
+def summarize_rows(rows: list[Row], pres: dict, fres: dict, rounds: int, failures: dict | None = None,
+                   speeds: dict[str, list[tuple[float, float]]] | None = None) -> list[dict]:
+    """One dict per row; `speeds` (row name -> per pair (PFLlib, fedrepro) s/round) defaults to the
+    one pair in `pres`/`fres`."""
     out = []
     failures = failures or {}
     for row in rows:
@@ -586,8 +605,8 @@ def summarize_rows(rows: list[Row], pres: dict, fres: dict, rounds: int, failure
         f_acc = [fedrepro_value(r, row) for r in f_recs.values()]
         pm, ps = mean_std(p_acc)
         fm, fs = mean_std(f_acc)
-        pt, _ = mean_std([r["s_per_round"] for r in p_recs.values()])
-        ft, _ = mean_std([r["s_per_round"] for r in f_recs.values()])
+        pairs = (speeds or {}).get(row.name) or [(mean_std([r["s_per_round"] for r in p_recs.values()])[0],
+                                                   mean_std([r["s_per_round"] for r in f_recs.values()])[0])]
         diff = fm - pm
         out.append({"row": row.name, "pfllib_algo": row.pfllib.algo, "pfllib_args": dict(row.pfllib.args),
                     "fedrepro_method": row.fedrepro.method, "fedrepro_hparams": dict(row.fedrepro.hparams),
@@ -596,8 +615,7 @@ def summarize_rows(rows: list[Row], pres: dict, fres: dict, rounds: int, failure
                     "hparams": hp_text(row), "pfllib_seeds": sorted(p_recs), "fedrepro_seeds": sorted(f_recs),
                     "pfllib_acc": p_acc, "fedrepro_acc": f_acc, "pfllib_mean": pm, "pfllib_std": ps,
                     "fedrepro_mean": fm, "fedrepro_std": fs, "diff": diff, "flag": flag(diff, ps, fs),
-                    "pfllib_s_per_round": pt, "fedrepro_s_per_round": ft,
-                    "speed_ratio": pt / ft if ft and not math.isnan(ft) and not math.isnan(pt) else math.nan,
+                    **speed_stats(pairs), "speed_pairs_s_per_round": pairs,
                     "pfllib_failed": failures.get(row.pfllib, []) if not p_acc else []})
     return out
 
@@ -611,6 +629,8 @@ def markdown(summary: list[dict], args) -> str:
         pt = "n/a" if math.isnan(r["pfllib_s_per_round"]) else f"{r['pfllib_s_per_round']:.2f}"
         ft = "n/a" if math.isnan(r["fedrepro_s_per_round"]) else f"{r['fedrepro_s_per_round']:.2f}"
         sr = "n/a" if math.isnan(r["speed_ratio"]) else f"{r['speed_ratio']:.2f}×"
+        if r.get("speed_pairs", 1) > 1:
+            sr += f" ({r['speed_ratio_min']:.2f}–{r['speed_ratio_max']:.2f}, {r['speed_pairs']} pairs)"
         pa = fmt(r["pfllib_mean"], r["pfllib_std"])
         if r.get("pfllib_failed"):
             pa = "failed: " + "; ".join(r["pfllib_failed"]).replace("|", "/")
@@ -619,7 +639,8 @@ def markdown(summary: list[dict], args) -> str:
     cap = (f"Fashion-MNIST, PFLlib Dir(0.1), 20 clients, fraction {args.fraction}, {args.rounds} rounds, "
            f"seeds {' '.join(map(str, args.seeds))}; accuracy = test-size-weighted mean after {args.rounds} rounds, "
            "mean ± sample std over seeds; flag ≠: |diff| > max(2 × larger std, 1 pp); speed ratio = PFLlib s/round ÷ "
-           "fedrepro s/round.\n\n")
+           "fedrepro s/round" + (f", mean over {args.pairs} pairs timed back to back (range in brackets); s/round: means "
+                                 "over the pairs" if getattr(args, "pairs", 1) > 1 else "") + ".\n\n")
     return cap + head + "\n".join(lines) + "\n"
 
 
@@ -670,6 +691,10 @@ def main(argv: list[str] | None = None) -> None:
                     help="every client keeps this fraction of its data, class by class (1 = full scale)")
     ap.add_argument("--only", choices=("pfllib", "fedrepro"), default=None, help="run one side only (the table shows what is cached)")
     ap.add_argument("--rerun", choices=("pfllib", "fedrepro", "both"), default=None, help="recompute one side's cached results")
+    ap.add_argument("--pairs", type=int, default=1,
+                    help="time every run N times, PFLlib's runs then fedrepro's, both recomputed from the second pair on; "
+                         "the speed ratio is the mean of the N pairs' ratios, with their range (one method per invocation "
+                         "keeps each pair back to back)")
     ap.add_argument("--fedrepro-training", default="{}", metavar="JSON",
                     help='extra fedrepro training keys, e.g. \'{"channels_last": true}\' (cached apart: they change the cell)')
     ap.add_argument("--dataset", default="fmnist", help=argparse.SUPPRESS)
@@ -677,6 +702,8 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     if not 0 < args.fraction <= 1:
         ap.error("--fraction must be in (0, 1]")
+    if args.pairs < 1 or (args.pairs > 1 and args.only):
+        ap.error("--pairs must be >= 1, and a pair needs both sides (no --only)")
     args.work = args.work.resolve()
     args.pfllib = args.pfllib.resolve()
     args.seeds = sorted(set(args.seeds))
@@ -710,22 +737,30 @@ def main(argv: list[str] | None = None) -> None:
     pres: dict[P, dict] = {}
     fres: dict[F, dict] = {}
     failures: dict[P, list[str]] = {}
-    for run in p_runs:
-        if args.only == "fedrepro":
-            _, path = pfllib_cache_path(args, run, dataset, src)
-            pres[run] = {s: read_json(path(s)) for s in args.seeds if path(s).exists()}
-        else:
-            pres[run] = run_pfllib(args, run, args.seeds, dataset, system_dir, src)
-        failures[run] = pfllib_failures(args, run, dataset, src)
-    for run in f_runs:
-        if run not in cells:
-            fres[run] = {}
-        elif args.only == "pfllib":
-            fres[run] = load_fedrepro_cache(args, cells[run], run)
-        else:
-            fres[run] = run_fedrepro(args, cells[run], manifest, shards, run, args.seeds)
+    speeds: dict[str, list[tuple[float, float]]] = {r.name: [] for r in rows}  # per row: (PFLlib, fedrepro) s/round per pair
+    for pair in range(args.pairs):
+        if pair:
+            print(f"[parity] pair {pair + 1} of {args.pairs}", file=sys.stderr)
+            args.rerun = "both"
+        for run in p_runs:
+            if args.only == "fedrepro":
+                _, path = pfllib_cache_path(args, run, dataset, src)
+                pres[run] = {s: read_json(path(s)) for s in args.seeds if path(s).exists()}
+            else:
+                pres[run] = run_pfllib(args, run, args.seeds, dataset, system_dir, src)
+            failures[run] = pfllib_failures(args, run, dataset, src)
+        for run in f_runs:
+            if run not in cells:
+                fres[run] = {}
+            elif args.only == "pfllib":
+                fres[run] = load_fedrepro_cache(args, cells[run], run)
+            else:
+                fres[run] = run_fedrepro(args, cells[run], manifest, shards, run, args.seeds)
+        for row in rows:
+            speeds[row.name].append(tuple(mean_std([r["s_per_round"] for r in recs.values()])[0]
+                                          for recs in (pres.get(row.pfllib, {}), fres.get(row.fedrepro, {}))))
 
-    summary = summarize_rows(rows, pres, fres, args.rounds, failures)
+    summary = summarize_rows(rows, pres, fres, args.rounds, failures, speeds)
     write_outputs(args, summary, pres, fres)
     print(markdown(summary, args))
     print(f"[parity] outputs: {output_path(args, '{md,json,csv}')}; this invocation took "

@@ -308,3 +308,25 @@ def test_flag_rule():
     assert parity.flag(0.03, 0.01, 0.02) == ""
     assert parity.flag(0.009, 0.0, 0.0) == ""  # the 1-point floor
     assert parity.mean_std([0.5]) == (0.5, 0.0)
+
+
+def test_speed_ratio_over_pairs_is_the_mean_of_the_pairs_ratios():
+    """--pairs N: the speed ratio is the mean of the N back-to-back pairs' ratios, shown with
+    their range; one pair (the default) reads the runs' own times as before."""
+    import argparse
+
+    row = next(r for r in parity.ROWS if r.name == "FedAvg")
+    p_rec = {"evals": parity.parse_pfllib_stdout(FEDAVG)[0]["evals"], "s_per_round": 6.0}
+    f_rec = {"final": {"global_acc": 0.25}, "s_per_round": 3.0}
+    pres, fres = {row.pfllib: {0: p_rec}}, {row.fedrepro: {0: f_rec}}
+    one = parity.summarize_rows([row], pres, fres, 2)[0]
+    assert (one["speed_ratio"], one["speed_pairs"]) == (2.0, 1)
+    pairs = {row.name: [(6.0, 3.0), (5.0, 4.0), (6.0, 4.0)]}
+    many = parity.summarize_rows([row], pres, fres, 2, speeds=pairs)[0]
+    assert many["speed_ratio"] == pytest.approx((2.0 + 1.25 + 1.5) / 3)
+    assert (many["speed_ratio_min"], many["speed_ratio_max"], many["speed_pairs"]) == (1.25, 2.0, 3)
+    assert (many["pfllib_s_per_round"], many["fedrepro_s_per_round"]) == (pytest.approx(17 / 3), pytest.approx(11 / 3))
+    args = argparse.Namespace(fraction=0.1, rounds=2, seeds=[0], pairs=3)
+    text = parity.markdown([many], args)
+    assert "| 1.58× (1.25–2.00, 3 pairs) |" in text and "mean over 3 pairs" in text
+    assert "pairs" not in parity.markdown([one], argparse.Namespace(fraction=0.1, rounds=2, seeds=[0]))
