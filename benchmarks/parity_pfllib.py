@@ -313,7 +313,8 @@ def prepare_data(args, exp: dict) -> tuple[dict, list, Path]:
     small = {c["id"]: c["sizes"]["train"] for c in manifest["clients"] if c["sizes"]["train"] < PFLLIB_FLAGS["batch_size"]}
     if small:
         print(f"[parity] note: clients {small} (id: train samples) have fewer train samples than one batch: with "
-              "drop_last they take no local step in either framework; PFLlib's SCAFFOLD divides by their zero batches "
+              "drop_last PFLlib gives them no local step (fedrepro trains them on their one incomplete batch); PFLlib's "
+              "SCAFFOLD divides by their zero batches "
               "(clientscaffold.py update_yc: ZeroDivisionError), Per-FedAvg's one-step evaluation and FedPAC's statistics "
               "read a batch from their empty loader (clientperavg.py train_one_step: StopIteration; clientpac.py "
               "statistics_extraction: UnboundLocalError); --fraction 0.15 gives every client a batch",

@@ -233,3 +233,20 @@ def test_crop_flip_augmentation_is_a_seeded_shifted_window():
         assert any(torch.equal(a[i], w) or torch.equal(a[i], w.flip(-1)) for w in windows)
     outs = {tuple(aug(x, torch.Generator().manual_seed(s))[0, 0, 0].tolist()) for s in range(10)}
     assert len(outs) > 1  # the crop really moves
+
+
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_drop_last_drops_each_epochs_incomplete_batch_but_a_small_clients_only_one(tiny_partition, make_cell, drop_last):
+    """`training.drop_last`: the last incomplete batch of each epoch is dropped, except where it is
+    the client's only batch (fewer train samples than one batch): that client still trains on it,
+    where PyTorch's DataLoader(drop_last=True), and so PFLlib, gives it no step (docs/parity.md)."""
+    from conftest import method_engine
+
+    eng = method_engine(tiny_partition, make_cell, "fedavg", drop_last=drop_last)
+    eng.round = 1
+    client = eng.clients[0]
+    n = client.num_train
+    assert n % 7
+    sizes = [len(y) for _, y in eng.batches(client, batch_size=7)]
+    assert sizes == [7] * (n // 7) + ([] if drop_last else [n % 7])
+    assert [len(y) for _, y in eng.batches(client, batch_size=n + 5)] == [n]
