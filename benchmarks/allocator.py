@@ -7,7 +7,8 @@ the defaults (docs/throughput.md, "The allocator").
     .venv/bin/python benchmarks/allocator.py                          # fedavg pfedme apfl ditto, 2 repeats
     .venv/bin/python benchmarks/allocator.py --methods pfedme --repeats 3 --rounds 2
 
-The cell is the parity protocol's (docs/parity.md): Fashion-MNIST, Dir(0.1) into 20 clients,
+The cell is the parity benchmark's (`parity_pfllib.experiment_config` with the method's parity
+row, docs/parity.md): Fashion-MNIST, Dir(0.1) into 20 clients,
 every client cut to `--fraction` of its data, fedavg_cnn, batch 10, SGD lr 0.005, all
 clients per round, one thread; every round is evaluated. Per row: the best of the repeats
 (the least disturbed by other load) of the engine's (train_time_s + eval_time_s) / rounds, and
@@ -35,7 +36,9 @@ from fedrepro.engine.engine import Engine
 from fedrepro.engine.data import load_clients
 from fedrepro.engine.run import set_determinism
 
-# The parity protocol's values (benchmarks/parity_pfllib.py ROWS).
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from parity_pfllib import ROWS, F, experiment_config  # noqa: E402  (the parity protocol)
+
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters (malloc.h)
 
 
@@ -48,21 +51,10 @@ def keep_freed_memory(trim_bytes: int = 256 << 20, mmap_bytes: int = 32 << 20) -
     return bool(mallopt(M_MMAP_THRESHOLD, mmap_bytes)) and bool(mallopt(M_TRIM_THRESHOLD, trim_bytes))
 
 
-HPARAMS = {"pfedme": {"lam": 1.0, "K": 5, "personal_lr": 0.01, "beta": 1.0, "mu": 0.001, "weighting": "samples"},
-           "apfl": {"alpha": 1.0, "adaptive_alpha": True, "alpha_reg": 0.02}, "ditto": {"lam": 1.0, "personal_epochs": 1}}
-
-
 def config(method: str, rounds: int, fraction: float) -> dict:
-    return {
-        "experiment": "allocator", "datasets": {"fmnist": {}}, "seeds": [0],
-        "partitions": {"dir": {"partitioner": "dirichlet", "num_clients": 20, "seed": 1, "pool": True,
-                               "params": {"alpha": 0.1, "min_partition_size": 40, "self_balancing": True},
-                               "split": {"test_fraction": 0.25, "stratify": False},
-                               "scarcity": {"clients": "all", "fraction": fraction}}},
-        "methods": {method: {"hparams": HPARAMS.get(method, {})}},  # fedrepro's defaults otherwise
-        "training": {"rounds": rounds, "participation": 1.0, "batch_size": 10, "drop_last": True,
-                     "optimizer": {"name": "sgd", "lr": 0.005}, "eval_every": 1, "checkpoint_every": 10**6},
-    }
+    """The parity benchmark's experiment for `method` (its parity row's hparams and training, else defaults)."""
+    run = next((r.fedrepro for r in ROWS if r.fedrepro.method == method), F(method))
+    return experiment_config(argparse.Namespace(dataset="fmnist", fraction=fraction, seeds=[0], rounds=rounds), [run])
 
 
 def child(method: str, allocator: str, rounds: int, fraction: float, shards: str) -> None:
