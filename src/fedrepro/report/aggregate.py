@@ -208,7 +208,9 @@ def curves_frame(cells: list[dict]) -> pd.DataFrame:
 
     Columns: dataset, partition, label, kind, seed, round, metric, stat, value. Model
     metrics have kind global/personal, metric acc/f1 and stat as in the summary; the
-    training loss has kind "train", metric "train_loss", stat "value".
+    training loss has kind "train", metric "train_loss", stat "value". A round without a
+    value (a column not scored there: `training.personal_eval_every`) has no row, so plots
+    join the rounds that have one.
     """
     parts = []
     for cell in cells:
@@ -219,12 +221,12 @@ def curves_frame(cells: list[dict]) -> pd.DataFrame:
         rounds = list(curves["round"])
 
         def add(kind: str, metric: str, stat: str, values: Any) -> None:
-            vals = _series(values, len(rounds))
-            if vals:
+            scored = [(r, v) for r, v in zip(rounds, _series(values, len(rounds))) if not math.isnan(v)]
+            if scored:
                 parts.append(pd.DataFrame({
                     "dataset": ident["dataset"], "partition": ident["partition"], "label": ident["label"],
-                    "kind": kind, "seed": ident["seed"], "round": rounds[: len(vals)],
-                    "metric": metric, "stat": stat, "value": vals,
+                    "kind": kind, "seed": ident["seed"], "round": [r for r, _ in scored],
+                    "metric": metric, "stat": stat, "value": [v for _, v in scored],
                 }))
 
         for kind in KINDS:
@@ -238,10 +240,9 @@ def curves_frame(cells: list[dict]) -> pd.DataFrame:
 
 
 def write_curves_csv(cells: list[dict], path: str | Path) -> None:
-    """Compact `dvc plots` CSV: dataset, partition, label, kind, seed, round, acc_weighted_mean.
-    A round where a column was not scored (`training.personal_eval_every`) has no row."""
+    """Compact `dvc plots` CSV: dataset, partition, label, kind, seed, round, acc_weighted_mean."""
     curves = curves_frame(cells)
-    acc = curves[(curves["metric"] == "acc") & (curves["stat"] == "weighted_mean")].dropna(subset=["value"])
+    acc = curves[(curves["metric"] == "acc") & (curves["stat"] == "weighted_mean")]
     acc = acc.rename(columns={"value": "acc_weighted_mean"})
     cols = ["dataset", "partition", "label", "kind", "seed", "round", "acc_weighted_mean"]
     with atomic_path(path) as tmp:

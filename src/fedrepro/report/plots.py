@@ -51,10 +51,8 @@ def _in(cells: list[dict], dataset: str, partition: str) -> list[dict]:
 
 
 def _band(ax: plt.Axes, series: pd.DataFrame, scale: float, **style) -> plt.Line2D:
-    """Mean over seeds per round as a line, min–max over seeds as a shaded band. Rounds without
-    a value (a column not scored there: `training.personal_eval_every`) are left out, so the
-    line joins the rounds that have one."""
-    agg = series.dropna(subset=["value"]).groupby("round")["value"].agg(["mean", "min", "max"]).sort_index() * scale
+    """Mean over seeds per round as a line, min–max over seeds as a shaded band."""
+    agg = series.groupby("round")["value"].agg(["mean", "min", "max"]).sort_index() * scale
     x = agg.index.to_numpy()
     marker = "o" if len(x) == 1 else None
     (line,) = ax.plot(x, agg["mean"], marker=marker, **style)
