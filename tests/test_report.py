@@ -435,7 +435,7 @@ def test_a_damaged_metrics_file_is_one_line_naming_it_and_what_to_do(trained, tm
     _one_line_error(capsys, str(paths[0]), "delete it and rerun the workflow")
 
 
-@pytest.mark.parametrize("kind", ["device", "fifo", "directory", "link_out", "too_large"])
+@pytest.mark.parametrize("kind", ["device", "fifo", "directory", "link_out", "link_loop", "too_large"])
 def test_a_metrics_path_that_is_not_a_bounded_regular_file_is_refused(trained, tmp_path, capsys, monkeypatch, kind):
     import fedrepro.custody as custody
 
@@ -451,6 +451,8 @@ def test_a_metrics_path_that_is_not_a_bounded_regular_file_is_refused(trained, t
     elif kind == "link_out":
         (tmp_path / "elsewhere.json").write_text(paths[1].read_text())
         paths[0].symlink_to(tmp_path / "elsewhere.json")
+    elif kind == "link_loop":
+        paths[0].symlink_to(paths[0])
     else:
         paths[0].write_text(paths[1].read_text())
         monkeypatch.setattr(custody, "METRICS_MAX_BYTES", 1000)

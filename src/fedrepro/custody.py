@@ -103,7 +103,10 @@ def read_bounded_json(path: str | os.PathLike, limit: int = METRICS_MAX_BYTES, w
     path = Path(path)
     redo = "delete it and rerun the workflow (it retrains that cell)"
     if path.is_symlink():
-        target = path.resolve()
+        try:
+            target = path.resolve(strict=True)
+        except (OSError, RuntimeError) as exc:  # dangling, or a loop
+            raise ResultsError(f"{path}: a symbolic link that leads nowhere ({exc}); allowed: a regular file") from None
         if not target.is_relative_to(Path.cwd().resolve()):
             raise ResultsError(f"{path}: a symbolic link to {target}, outside the working directory; allowed: "
                                f"a regular file (or a link to one inside {Path.cwd()})")
