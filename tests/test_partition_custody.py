@@ -302,9 +302,14 @@ def test_a_kill_9_leftover_is_cleaned_by_the_next_run_and_ignored_by_dvc(tmp_pat
     dvc = REPO / ".venv" / "bin" / "dvc"
     if not dvc.exists():
         dvc = Path(sys.executable).with_name("dvc")
-    names = [f"results/shards/random_images/{n}" for n in leftovers + [live.name, "x/.fedrepro-tmp.h.1.m.json.q.tmp"]]
+    names = [f"results/shards/random_images/{n}" for n in leftovers + [live.name, "x/.fedrepro-tmp.h.1.m.json.q.tmp",
+                                                                      ".abcdef0123.k2j3h4"]]  # an older version's
     out = subprocess.run([str(dvc), "check-ignore", *names], cwd=REPO, capture_output=True, text=True)
     assert out.returncode == 0 and sorted(out.stdout.split()) == sorted(names), out.stdout + out.stderr
+    kept = ["results/shards/random_images/abcdef0123", "results/shards/random_images/abcdef0123/client_00000.parquet",
+            "results/shards/random_images/abcdef0123.png"]
+    out = subprocess.run([str(dvc), "check-ignore", *kept], cwd=REPO, capture_output=True, text=True)
+    assert out.returncode == 1 and not out.stdout.strip(), out.stdout  # a partition and its files are versioned
 
 
 def test_atomic_temporary_names_carry_the_prefix(tmp_path):
