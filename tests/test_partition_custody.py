@@ -227,6 +227,25 @@ def test_empty_clients_are_kept_when_the_config_allows_them(tmp_path):
     assert "allow_empty_clients" not in shards.resolve_partition_spec(EMPTY)
 
 
+def test_a_partition_with_allowed_empty_clients_trains_and_metrics_show_who_was_scored(tmp_path):
+    from conftest import tiny_config
+    from fedrepro.config import resolve_experiment
+    from fedrepro.data.datasets import load_dataset
+    from fedrepro.engine.run import train_cell
+
+    config = tiny_config(rounds=1)
+    config["methods"] = {"fedavg": {}}
+    config["partitions"]["dir"].update(num_clients=60, allow_empty_clients=True, params={"alpha": 0.05, "min_partition_size": 0})
+    exp = resolve_experiment(config)
+    part = exp["partitions"][0]
+    manifest = write_partition(load_dataset("digits", tmp_path / "raw"), part["spec"], tmp_path / part["id"])
+    untestable = [c["id"] for c in manifest["clients"] if not c["sizes"]["test"]]
+    assert untestable
+    metrics = train_cell(exp["cells"][0], tmp_path / part["id"], tmp_path / "run", device="cpu", progress=False)
+    assert metrics["status"] == "ok"
+    assert [i for i, n in zip(metrics["clients"]["ids"], metrics["clients"]["test_size"]) if not n] == untestable
+
+
 def test_fedrepro_partition_reports_empty_clients_in_one_line(tmp_path, capsys):
     spec = {"dataset": "digits", "partitioner": "dirichlet", "num_clients": 300, "seed": 0,
             "params": {"alpha": 0.05, "min_partition_size": 0}}
