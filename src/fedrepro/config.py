@@ -238,6 +238,9 @@ def _check_partition_size(label: str, ds: str, dsinfo: dict, spec: dict) -> None
         raise ConfigError(f"config key 'partitions.{label}.split' has value {show(split)}; allowed: a split that leaves every "
                           f"client training data ({scope} over {k} clients give {n / k:.2f} samples per client, "
                           f"{n / k * train_share:.2f} of them for training)")
+    if 2 * k > n and not spec.get("allow_empty_clients"):  # a training and a test sample each
+        raise ConfigError(f"config key 'partitions.{label}.num_clients' has value {k}; allowed: at most {n // 2} ({scope}: "
+                          "every client needs a training and a test sample), or allow_empty_clients: true")
 
 
 def _model_params(where: str, model: dict) -> dict:
