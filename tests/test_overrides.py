@@ -93,7 +93,12 @@ def test_snakemake_config_set_items():
     raw = ["set=seeds=[0] methods.fedavg.sweep={hparams.mu: [1]}", "set=training.rounds=2"]
     assert snakemake_items(Settings({"set": {"seeds=[0] methods.fedavg.sweep={hparams.mu": "[1]}"}}, raw)) == [
         "seeds=[0]", "methods.fedavg.sweep={hparams.mu: [1]}", "training.rounds=2"]
-    assert snakemake_items(Settings({"set": "training.rounds=1"}, None)) == ["training.rounds=1"]  # the API's form
+    assert snakemake_items(Settings({"set": "training.rounds=1"}, None)) == ["training.rounds=1"]
+    # Snakemake's API: ConfigSettings(config={"set": ...}) derives quoted config_args from the mapping
+    from snakemake.settings.types import ConfigSettings
+
+    api = ConfigSettings(config={"set": "training.rounds=1 seeds=[0]"})
+    assert snakemake_items(api) == ["training.rounds=1", "seeds=[0]"]
     assert snakemake_items(Settings({}, [])) == []
     with pytest.raises(ConfigError, match=r"--config training=.*not an override; allowed: --config set="):
         snakemake_items(Settings({"training": {"rounds": "1"}}, ["training={rounds: 1}"]))

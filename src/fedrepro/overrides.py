@@ -127,16 +127,24 @@ def snakemake_items(config_settings) -> list[str]:
                           f"{SET_KEY}='KEY=VALUE ...', e.g. {SET_KEY}='training.rounds=1 seeds=[0,1]' (Snakemake reads other "
                           "--config values with YAML's BaseLoader: numbers arrive as strings)")
     raw = getattr(config_settings, "config_args", None)
-    if isinstance(raw, (list, tuple)) and all(isinstance(a, str) for a in raw):
-        texts = [a.partition("=")[2] for a in raw if a.partition("=")[0] == SET_KEY]
-    elif SET_KEY in parsed:
-        texts = [parsed[SET_KEY]]
-    else:
+    if SET_KEY not in parsed:
         texts = []
+    elif isinstance(raw, (list, tuple)) and all(isinstance(a, str) for a in raw) and list(raw) != _api_args(parsed):
+        texts = [a.partition("=")[2] for a in raw if a.partition("=")[0] == SET_KEY]  # the command line's own strings
+    else:  # Snakemake's API (ConfigSettings(config=...)), whose config_args it derives from the mapping
+        texts = [parsed[SET_KEY]]
     for text in texts:
         if not isinstance(text, str):
             raise ConfigError(f"--config {SET_KEY}={show(text)}: not a string of KEY=VALUE items; allowed: {SYNTAX}")
     return cli_items(texts)
+
+
+def _api_args(parsed: dict) -> list[str] | None:
+    try:
+        from snakemake.common import dict_to_key_value_args
+    except ImportError:
+        return None
+    return dict_to_key_value_args(parsed, repr_obj=True)
 
 
 def record(items: Sequence[str]) -> None:
