@@ -216,10 +216,11 @@ def _cell_from_id(args) -> dict:
     if args.shards is None:
         args.shards = f"results/shards/{cell['dataset']}/{cell['partition_id']}"  # the workflow's (common.smk shard_dir)
         if not (Path(args.shards) / "manifest.json").is_file():
-            sets = "".join(f" --config set={shlex.quote(' '.join(cli_items(args.set)))}" for _ in args.set[:1])
-            files = " ".join(shlex.quote(c) for c in args.configs)
+            items = cli_items(args.set)
+            command = shlex.join(["snakemake", "--cores", "1", args.shards, "--configfile", *args.configs]
+                                 + (["--config", f"set={' '.join(items)}"] if items else []))
             raise ConfigError(f"--shards: the cell's partition {args.shards} does not exist here; allowed: make it with "
-                              f"`snakemake --cores 1 --configfile {files}{sets} {args.shards}`, or pass --shards DIR")
+                              f"`{command}`, or pass --shards DIR")
     if args.out_dir is None:
         args.out_dir = f"results/{cell['experiment']}/debug/{where}"  # beside, never over, the workflow's runs/
     if cell.get("tuned") and not args.tuned:
