@@ -35,6 +35,8 @@ REPO = Path(__file__).resolve().parents[1]
 LOCK = REPO / "workflow" / "envs" / "requirements.lock"
 IMAGE = REPO / "benchmarks" / "gpu_image_packages.txt"
 WHEELS = REPO / ".whl"
+FMNIST = REPO / ".fmnist"  # the four .gz files of Fashion-MNIST, carried beside the wheels (docs/gpu.md)
+TRAVEL_LIMIT = 64 * 2**20  # what a device call may send: the working tree and the carried folders
 #: What runs on the device beyond fedrepro's own dependencies: the workflow.
 EXTRA_ROOTS = ("snakemake",)
 #: Needed by the closure but left behind, with the reason (the carried files must stay within 64 MiB).
@@ -156,6 +158,15 @@ def download(packages: dict[str, str], dest: Path = WHEELS) -> list[Path]:
     return sorted(dest.glob("*.whl"))
 
 
+def travel_size() -> dict[str, int]:
+    """Bytes that a device call sends: the files git tracks or would track, and the carried folders."""
+    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=REPO,
+                            capture_output=True, check=True).stdout.split(b"\0")
+    tree = sum((REPO / f.decode()).stat().st_size for f in listed if f and (REPO / f.decode()).is_file())
+    carried = {p.name: sum(f.stat().st_size for f in p.rglob("*") if f.is_file()) for p in (WHEELS, FMNIST) if p.is_dir()}
+    return {"tree": tree, **carried}
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--download", action="store_true", help=f"fetch the wheels into {WHEELS.relative_to(REPO)}/")
@@ -168,6 +179,12 @@ def main(argv: list[str] | None = None) -> None:
     wheels = download(packages)
     size = sum(w.stat().st_size for w in wheels)
     print(f"{len(wheels)} wheels in {WHEELS}: {size / 2**20:.1f} MiB")
+    sizes = travel_size()
+    total = sum(sizes.values())
+    print("a device call sends " + ", ".join(f"{k} {v / 2**20:.1f} MiB" for k, v in sizes.items())
+          + f" = {total / 2**20:.1f} MiB of at most {TRAVEL_LIMIT / 2**20:.0f} MiB")
+    if total > TRAVEL_LIMIT:
+        raise SystemExit("over the limit: carry less (NOT_CARRIED says what can stay behind)")
 
 
 if __name__ == "__main__":
