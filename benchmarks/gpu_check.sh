@@ -57,6 +57,12 @@ export PYTHONPATH=$REPO/src${PYTHONPATH:+:$PYTHONPATH}
 if [ "$MODE" = gpu ] && compgen -G "$REPO/.whl/*.whl" >/dev/null; then
   "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$REPO"/.whl/*.whl
   export PYTHONPATH=$REPO/src:/tmp/site
+elif [ "$MODE" = gpu ]; then
+  echo "[gpu_check] no wheels in .whl/: Snakemake, kornia, lightly, jsonschema must be installed (docs/gpu.md: carry .whl)" >&2
+fi
+PYTEST_ARGS=(-v --durations=20)
+if "$PYTHON" -c 'import pytest_timeout' 2>/dev/null; then
+  PYTEST_ARGS+=(--timeout=150)  # a hung test (a CUDA graph that never returns) fails alone, the stage goes on
 fi
 if [ -d "$REPO/.fmnist" ]; then
   export FEDREPRO_FMNIST_DEBIAN_DIR=$REPO/.fmnist  # the four .gz files of Debian's dataset-fashion-mnist
@@ -100,7 +106,7 @@ SNAKEMAKE=("$PYTHON" -m snakemake -s "$REPO/Snakefile" --workflow-profile "$REPO
   --cores "$CORES" --resources gpu_slots="$SLOTS" --scheduler greedy)
 
 # -- 2. the cuda tests beside the workflows ---------------------------------------------------------
-stage cuda_tests "$T_TESTS" "$PYTHON" -m pytest -q -m cuda -p no:cacheprovider tests/test_cuda.py \
+stage cuda_tests "$T_TESTS" "$PYTHON" -m pytest -m cuda -p no:cacheprovider "${PYTEST_ARGS[@]}" tests/test_cuda.py \
   --junitxml="$OUT/cuda_tests.xml" &
 tests_pid=$!
 stage workflow_test "$T_WF_TEST" "${SNAKEMAKE[@]}" --directory "$WORK/workflow_test" "${WF_TEST[@]}"
