@@ -13,8 +13,10 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import platform
 import sys
+import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -164,7 +166,8 @@ def main(argv: list[str] | None = None) -> int:
     throughput = read_throughput(args.out / "throughput.json")
     result = checks(args.mode, stages, tests, workflows, throughput, args.clients)
     summary = {"mode": args.mode, "ok": all(result.values()), "checks": result, "environment": environment(),
-               "stages": stages, "seconds": round(sum(s["seconds"] for s in stages.values()), 1),
+               "stages": stages, "wall_s": round(time.time() - float(os.environ["GPU_CHECK_START"]), 1)
+               if os.environ.get("GPU_CHECK_START") else None,
                "cuda_tests": tests, "workflows": workflows, "throughput": throughput}
     write_json_atomic(args.out / "summary.json", summary)
     for name, good in result.items():
@@ -178,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
     if vec:
         print(f"[gpu_check] vectorized round at {vec['clients']} clients: {vec['rounds_per_s']:.3g} rounds/s, "
               f"peak {vec.get('peak_round_mb')} MiB (before the round {vec.get('before_round_mb')} MiB)")
-    print(f"[gpu_check] {'OK' if summary['ok'] else 'NOT OK'}: {args.out / 'summary.json'}")
+    print(f"[gpu_check] {'OK' if summary['ok'] else 'NOT OK'} after {summary['wall_s']} s: {args.out / 'summary.json'}")
     return 0 if summary["ok"] else 1
 
 

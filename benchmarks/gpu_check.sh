@@ -20,6 +20,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 REPO=$PWD
 
+GPU_CHECK_START=$(date +%s)
+export GPU_CHECK_START  # the summary's wall time
 MODE=${GPU_CHECK_MODE:-gpu}
 for arg in "$@"; do
   case $arg in

@@ -50,7 +50,7 @@ def test_cpu_mode_runs_every_stage_and_writes_the_summary(tmp_path):
         names = tar.getnames()
     assert "./logs/workflow_test.log" in names and "./logs/environment.log" in names and "./stages.tsv" in names
     assert any(n.endswith("/logs/train/digits/dir/fedavg/seed0.log") for n in names)
-    assert "OK: " in proc.stdout
+    assert "[gpu_check] OK after " in proc.stdout and summary["wall_s"] > 0
 
 
 def test_script_refuses_an_unknown_argument(tmp_path):
