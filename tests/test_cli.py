@@ -40,7 +40,7 @@ def test_list_prints_every_entry_with_parameters_and_defaults(capsys, what, regi
 
 
 def test_validate_exit_codes(capsys, tmp_path):
-    assert main(["validate", str(REPO / "config" / "config.yaml"), str(REPO / "config" / "test.yaml")]) == 0
+    assert main(["validate", "--each", str(REPO / "config" / "config.yaml"), str(REPO / "config" / "test.yaml")]) == 0
     assert "12 cell(s)" in capsys.readouterr().out
     bad = tmp_path / "bad.yaml"
     bad.write_text((REPO / "config" / "test.yaml").read_text().replace("fedavg: {}", "fedavg: {hparams: {mu: 0.1}}"))

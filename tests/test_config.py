@@ -360,6 +360,13 @@ BAD = [
     ("tuning-unknown-label", _set("tuning", {"methods": {"ditto": {"lam": [0.1]}}}),
      ["tuning.methods", "['ditto']", "allowed: the experiment's method labels"]),
     ("tuning-random-without-samples", _set("tuning", {"search": "random"}), ["tuning.samples", "missing", "allowed"]),
+    # ---- sweeps (methods.<label>.sweep)
+    ("sweep-no-values", _set("methods/fedavg_ft/sweep", {"hparams.ft_epochs": []}),
+     ["methods.fedavg_ft.sweep.hparams.ft_epochs", "[]", "allowed", "non-empty list"]),
+    ("sweep-not-an-entry-key", _set("methods/fedavg_ft/sweep", {"hparam.ft_epochs": [1, 2]}),
+     ["methods.fedavg_ft.sweep.hparam.ft_epochs", "allowed", "hparams, training, model"]),
+    ("sweep-value-not-a-name", _set("methods/fedavg_ft/sweep", {"training.global_test": [["union"]]}),
+     ["methods.fedavg_ft.sweep.training.global_test", "['union']", "allowed", "numbers, booleans, null or names"]),
 ]
 
 

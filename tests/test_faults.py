@@ -437,9 +437,11 @@ def test_no_two_jobs_of_the_dag_write_the_same_file(tmp_path, configfile):
 
 def test_atomic_writes_use_unique_temporary_names_beside_the_target():
     source = (REPO / "src" / "fedrepro" / "io.py").read_text()
-    assert re.search(r"tempfile\.mkstemp\(prefix=f\"\.\{path\.name\}\.\", suffix=\"\.tmp\", dir=path\.parent\)", source)
+    # unique names (mkstemp / mkdtemp) that carry the creator's host and pid, so dead ones can be cleaned
+    assert 'tempfile.mkstemp(prefix=tmp_prefix(path.name), suffix=".tmp", dir=path.parent)' in source
+    assert "tempfile.mkdtemp(prefix=tmp_prefix(name), suffix=suffix, dir=parent)" in source
     assert "os.replace(tmp_path, path)" in source
-    assert "tempfile.mkdtemp(prefix=f\".{out_dir.name}.\", dir=out_dir.parent)" in (REPO / "src" / "fedrepro" / "data" / "shards.py").read_text()
+    assert "tmp_dir = staging_dir(out_dir.parent, out_dir.name)" in (REPO / "src" / "fedrepro" / "data" / "shards.py").read_text()
     # Nowhere else is a temporary name built by hand (a fixed "<name>.tmp" would collide),
     # except the download staging folders of data/domains/: they live in
     # results/raw/<dataset>/, which only that dataset's single prepare_data job writes
@@ -679,11 +681,12 @@ def test_full_disk_while_writing_results_is_the_documented_message(tiny_partitio
     import errno
 
     from fedrepro.cli import main
+    from fedrepro.io import tmp_prefix
 
     real = Path.write_text
 
     def write_text(self, text, *args, **kwargs):
-        if self.name.startswith(f".{name}."):  # atomic_path's temporary file for `name`
+        if self.name.startswith(tmp_prefix(name)):  # atomic_path's temporary file for `name`
             real(self, text[:100], *args, **kwargs)
             raise OSError(errno.ENOSPC, "No space left on device")
         return real(self, text, *args, **kwargs)

@@ -107,3 +107,19 @@ def test_bad_config_stops_before_any_job(tmp_path):
     assert proc.returncode != 0
     assert "participation" in proc.stderr and "1.5" in proc.stderr and "allowed" in proc.stderr
     assert not (tmp_path / "results").exists()
+
+
+def test_config_set_overrides_through_snakemake(tmp_path):
+    """`--config set=...`: the items reach the experiment (a value with ': ' too), and a bad one
+    stops the dry run with the override, the key, the value and what is allowed."""
+    items = "seeds=[0] partitions.dir0.5.num_clients=5 methods.fedavg.sweep={training.optimizer.lr: [0.01, 0.1]}"
+    proc = snakemake("-n", "-p", "--configfile", str(TEST_CONFIG), "--config", f"set={items}", cwd=tmp_path)
+    text = proc.stdout + proc.stderr
+    train = [line for line in text.splitlines() if "fedrepro train --cell " in line]
+    assert len(train) == 2 * 4  # partitions x labels (local, fedavg-lr0.01, fedavg-lr0.1, fedavg_ft) x 1 seed
+    assert sum('"label": "fedavg-lr0.1"' in line and '"lr": 0.1' in line for line in train) == 2
+    assert sum('"num_clients": 5' in line for line in text.splitlines() if "fedrepro partition --spec " in line) == 1
+    proc = snakemake("-n", "--configfile", str(TEST_CONFIG), "--config", "set=seeds=[0] training.rounds=abc", cwd=tmp_path,
+                     check=False)
+    assert proc.returncode != 0 and not (tmp_path / "results").exists()
+    assert "override 'training.rounds=abc': config key 'training.rounds' has value 'abc'; allowed: type integer" in proc.stderr

@@ -11,7 +11,6 @@ resumes from it (engine.Engine.load_checkpoint). docs/security.md lists what is 
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import os
@@ -26,7 +25,7 @@ from typing import Any, Iterable
 import jsonschema
 import yaml
 
-from .io import canonical_json, fsync_dir, short_hash
+from .io import fsync_dir, short_hash
 from .registry import ConfigError, show
 
 #: The fields of an identity, in the order a mismatch is reported (the first differing one is named).
@@ -45,10 +44,12 @@ class ResultsError(ConfigError):
 
 
 def manifest_hash(manifest: dict[str, Any]) -> str:
-    """The identity of the shards a cell trains on: sha256 of the loaded manifest's canonical JSON
-    (it lists every shard's sha256, the spec and the source fingerprint). The one place to switch
-    to a content hash the manifest itself records."""
-    return hashlib.sha256(canonical_json(manifest).encode()).hexdigest()
+    """The identity of the shards a cell trains on: the manifest's own hash (`manifest_sha256`, the
+    sha256 of every other field, shard checksums included; `fedrepro.data.shards.load_partition`
+    has checked it), computed the same way for a manifest dict that lacks it."""
+    from .data.shards import MANIFEST_HASH, manifest_hash as computed  # pyarrow: only where a manifest is at hand
+
+    return manifest.get(MANIFEST_HASH) or computed(manifest)
 
 
 def cell_identity(cell: dict[str, Any], manifest: dict[str, Any], cell_key: str | None = None) -> dict[str, Any]:

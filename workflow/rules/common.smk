@@ -6,22 +6,25 @@ import os
 import re
 import sys
 
-from fedrepro.config import load_experiment, resolve_experiment
+from fedrepro.config import load_and_resolve
+from fedrepro.overrides import record, snakemake_items
 from fedrepro.registry import ConfigError
 
 try:
     # The config files are read again with fedrepro's strict reader (the one `fedrepro validate`
     # uses: no YTE, no tags, no duplicate keys, aliases within a small budget, finite numbers),
-    # whatever Snakemake's own reader made of them; --config overrides apply on top. Then the JSON
-    # schema in workflow/schemas/config.schema.yaml, every name and hyper-parameter against
-    # fedrepro's registries, the dataset sizes and the budgets. (The workflow profiles make
-    # Snakemake itself read --configfile strictly too: docs/security.md.)
+    # whatever Snakemake's own reader made of them, merged as Snakemake merges them; then the
+    # overrides of `--config set='training.rounds=1 seeds=[0,1]'` (fedrepro.overrides: the same
+    # items as `fedrepro validate --set`). Then the JSON schema in workflow/schemas/config.schema.yaml,
+    # every name and hyper-parameter against fedrepro's registries, the dataset sizes and the
+    # budgets. (The workflow profiles make Snakemake itself read --configfile strictly too:
+    # docs/security.md.)
     CONFIG_FILES = [str(p) for p in workflow.overwrite_configfiles] or [
         f"{workflow.basedir}/config/config.yaml"
     ]
-    EXP = resolve_experiment(
-        load_experiment(CONFIG_FILES, dict(workflow.config_settings.config))
-    )
+    OVERRIDES = snakemake_items(workflow.config_settings)
+    EXPERIMENT_CONFIG, EXP = load_and_resolve(CONFIG_FILES, OVERRIDES)
+    record(OVERRIDES)  # the training jobs inherit them: provenance.json "overrides"
 except ConfigError as exc:
     sys.exit(f"fedrepro: invalid experiment config: {exc}")
 

@@ -795,6 +795,13 @@ def summaries(record: dict, split: str, weights: list[int]) -> dict[str, dict[st
     return out
 
 
+def metrics_cell(cell: dict) -> dict:
+    """The cell's identity in metrics.json (what the summary's columns come from): a swept cell
+    also carries its swept values (config key methods.<label>.sweep)."""
+    return ({k: cell[k] for k in ("experiment", "dataset", "partition", "partition_id", "method", "label", "seed")}
+            | {"model": cell["model"]["name"]} | ({"sweep": cell["sweep"]} if "sweep" in cell else {}))
+
+
 def build_metrics(cell: dict, clients: list[Client], history: list[dict], per_round: dict, resources: dict,
                   beyond: dict | None = None, unseen: list[Client] | None = None,
                   trained: list[list[int]] | None = None, untrained_rule: str = "personalize",
@@ -843,8 +850,7 @@ def build_metrics(cell: dict, clients: list[Client], history: list[dict], per_ro
                     "summary": {k: _clean_stats(v) for k, v in summaries(history[best], "test", test_sizes).items()}}
     return {
         "schema": "fedrepro.metrics/1",
-        "cell": {k: cell[k] for k in ("experiment", "dataset", "partition", "partition_id", "method", "label", "seed")}
-                | {"model": cell["model"]["name"]},
+        "cell": metrics_cell(cell),
         "status": "ok",
         "failure": None,
         "rounds": history[-1]["round"],

@@ -14,7 +14,7 @@ from ..data.shards import load_partition, read_official_test
 from ..io import write_json_atomic
 from ..provenance import collect
 from .data import load_clients, load_split
-from .engine import Engine, TrainingDiverged
+from .engine import Engine, TrainingDiverged, metrics_cell
 
 
 def pick_device(name: str = "auto") -> torch.device:
@@ -44,8 +44,7 @@ def failed_metrics(cell: dict, reason: str, round: int | None, identity: dict[st
     return {
         "identity": identity,
         "schema": "fedrepro.metrics/1",
-        "cell": {k: cell[k] for k in ("experiment", "dataset", "partition", "partition_id", "method", "label", "seed")}
-                | {"model": cell["model"]["name"]},
+        "cell": metrics_cell(cell),
         "status": "failed",
         "failure": {"reason": reason, "round": round},
     }

@@ -109,7 +109,7 @@ def summary_frame(cells: list[dict]) -> pd.DataFrame:
             "num_clients": _num(len(_get(cell, "clients", "ids") or [])) if ok else math.nan,
             "untrained_clients": _num(_get(cell, "clients", "untrained")),
             "untrained_rule": _get(cell, "clients", "untrained_rule"),
-        }
+        } | sweep_columns(cell)
         for kind in cell_kinds(cell) if ok else ["failed"]:
             row = dict(base, kind=kind)
             for m in METRICS:
@@ -122,7 +122,18 @@ def summary_frame(cells: list[dict]) -> pd.DataFrame:
                 row[column] = _num(_get(cell, "summary", f"{kind}_types", stat)) if ok else math.nan
             row["cluster_acc"] = _num(_get(cell, "method", "cluster_acc")) if ok and kind == "global" else math.nan
             rows.append(row)
-    return pd.DataFrame(rows, columns=SUMMARY_COLUMNS)
+    swept = _ordered(k for row in rows for k in row if k.startswith(SWEEP_PREFIX))
+    return pd.DataFrame(rows, columns=SUMMARY_COLUMNS + swept)
+
+
+#: summary columns of a swept cell's values (config key methods.<label>.sweep): sweep.hparams.mu, ...
+SWEEP_PREFIX = "sweep."
+
+
+def sweep_columns(cell: dict) -> dict:
+    """{sweep.<dotted key>: value} of a swept cell (metrics.json cell.sweep); {} for any other cell."""
+    sweep = _get(cell, "cell", "sweep")
+    return {f"{SWEEP_PREFIX}{k}": v for k, v in sweep.items()} if isinstance(sweep, dict) else {}
 
 
 def _ordered(values: Iterable) -> list:
@@ -189,6 +200,12 @@ def metrics_json(frame: pd.DataFrame) -> dict:
             if (value := _round(r.mean)) is not None:
                 entry[col] = value
             entry["n_seeds"], entry["n_failed"] = int(r.n_seeds), int(r.n_failed)
+    swept = [c for c in frame.columns if c.startswith(SWEEP_PREFIX)]
+    for r in frame[GROUP + swept].drop_duplicates(GROUP).itertuples(index=False) if swept else ():
+        entry = _get(out, r[0], r[1], r[2], r[3])
+        for col, value in zip(swept, r[4:]):
+            if isinstance(entry, dict) and not pd.isna(value):
+                entry[col] = value.item() if hasattr(value, "item") else value
     return out
 
 
