@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 
 import pandas as pd
 import pytest
@@ -56,7 +57,7 @@ def make_cell(dataset: str, partition: str, method: str, seed: int, failed: bool
     }
     if failed:  # partial curves, no final/summary
         cell["final"] = None
-        cell["curves"] = {"round": [1, 2], "train_loss": [2.0, float("nan")]}
+        cell["curves"] = {"round": [1, 2], "train_loss": [2.0, 9.0]}  # never in the summary or curves
         return cell
     final, summary = {"global": None, "personal": None}, {}
     curves = {"round": [1, 2, 3], "train_loss": [1.0, 0.5, 0.25 + 0.1 * seed]}
@@ -301,3 +302,171 @@ def test_plots_edge_cases(manifest, tmp_path):
     write_summary(all_failed, tmp_path / "s.csv", tmp_path / "s.json")
     assert json.loads((tmp_path / "s.json").read_text()) == {
         "fmnist": {"dir0.1": {"ditto": {"failed": {"n_seeds": 0, "n_failed": 2}}}}}
+
+
+# ----------------------------------------------------------------------------- chain of custody
+
+
+@pytest.fixture(scope="module")
+def trained(tiny_partition, tmp_path_factory):
+    """Real metrics.json files of the fedavg cell, seeds 0 and 1 (1 round), in the workflow's layout:
+    (cells, their paths)."""
+    from conftest import tiny_config
+
+    from fedrepro.config import resolve_experiment
+    from fedrepro.engine.run import train_cell
+
+    base = next(c for c in resolve_experiment(tiny_config(rounds=1))["cells"] if c["label"] == "fedavg")
+    cells = [base | {"seed": s} for s in (0, 1)]
+    root = tmp_path_factory.mktemp("custody")
+    paths = []
+    for c in cells:
+        out = root / "results" / c["experiment"] / "runs" / "digits" / "dir" / "fedavg" / f"seed{c['seed']}"
+        train_cell(c, tiny_partition[0], out, progress=False)
+        paths.append(out / "metrics.json")
+    return cells, paths
+
+
+def _aggregate(tmp_path, paths, cells=None) -> tuple[int, str]:
+    from fedrepro.cli import main
+    from fedrepro.custody import expected_token
+
+    expect = ["--expect", *map(expected_token, cells)] if cells else []
+    return main(["aggregate", *map(str, paths), "--csv", str(tmp_path / "s.csv"), "--json", str(tmp_path / "s.json"),
+                 "--curves", str(tmp_path / "c.csv"), *expect])
+
+
+def _copies(trained, tmp_path) -> tuple[list, list]:
+    """The trained files copied under tmp_path (same layout), so a test can damage them."""
+    import shutil
+
+    cells, paths = trained
+    root = paths[0].parents[6]
+    out = [tmp_path / p.relative_to(root) for p in paths]
+    for src, dst in zip(paths, out):
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(src, dst)
+    return cells, out
+
+
+def _one_line_error(capsys, *needles: str) -> str:
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.startswith("fedrepro aggregate: error:")]
+    assert len(lines) == 1 and "Traceback" not in err, err
+    assert all(n in lines[0] for n in needles), lines[0]
+    return lines[0]
+
+
+def test_metrics_carry_the_cells_identity(trained, tiny_partition):
+    from fedrepro.custody import manifest_hash
+    from fedrepro.data.shards import read_manifest
+    from fedrepro.io import short_hash
+
+    cells, paths = trained
+    for cell, path in zip(cells, paths):
+        identity = json.loads(path.read_text())["identity"]
+        provenance = json.loads((path.parent / "provenance.json").read_text())["identity"]
+        assert identity == provenance == {k: cell[k] for k in ("experiment", "dataset", "partition", "partition_id",
+                                                               "method", "label", "seed")} | {
+            "cell_key": short_hash(cell), "manifest_hash": manifest_hash(read_manifest(tiny_partition[0]))}
+
+
+def test_aggregating_the_expected_cells_works(trained, tmp_path, capsys):
+    cells, paths = trained
+    assert _aggregate(tmp_path, paths, cells) == 0
+    frame = pd.read_csv(tmp_path / "s.csv")
+    assert list(frame["seed"]) == [0, 1] and set(frame["status"]) == {"ok"}
+
+
+def test_seed_1s_metrics_copied_over_seed_0s_is_an_error_naming_the_file_and_seed(trained, tmp_path, capsys):
+    """Before: the table had seed 1 twice and seed 0 not at all."""
+    cells, paths = _copies(trained, tmp_path)
+    paths[0].write_bytes(paths[1].read_bytes())
+    assert _aggregate(tmp_path, paths, cells) == 2
+    _one_line_error(capsys, str(paths[0]), "field 'seed' is 1, expected 0", "delete it and rerun")
+    assert _aggregate(tmp_path, paths) == 2  # without --expect (`fedrepro aggregate` by hand): a repeated cell
+    _one_line_error(capsys, str(paths[1]), "field 'seed'", str(paths[0]))
+
+
+def test_another_experiments_metrics_is_an_error(trained, tmp_path, capsys):
+    cells, paths = _copies(trained, tmp_path)
+    doc = json.loads(paths[1].read_text())
+    for block in ("cell", "identity"):
+        doc[block]["experiment"] = "other"
+    paths[1].write_text(json.dumps(doc))
+    assert _aggregate(tmp_path, paths, cells) == 2
+    _one_line_error(capsys, str(paths[1]), "field 'experiment' is 'other', expected 'unit'")
+    assert _aggregate(tmp_path, paths) == 2
+    _one_line_error(capsys, str(paths[1]), "field 'experiment'")
+
+
+def test_metrics_of_an_earlier_configuration_of_the_cell_is_an_error(trained, tmp_path, capsys):
+    cells, paths = _copies(trained, tmp_path)
+    changed = [cells[0] | {"hparams": {"lr_note": 1}}, cells[1]]  # the config changed since seed 0 was trained
+    assert _aggregate(tmp_path, paths, changed) == 2
+    _one_line_error(capsys, str(paths[0]), "field 'cell_key'")
+
+
+@pytest.mark.parametrize("where, value", [(("summary", "global_acc", "weighted_mean"), "0.9"),
+                                          (("summary", "global_acc", "std"), True),
+                                          (("rounds",), 1.5),
+                                          (("communication", "bytes_up_total"), "many")])
+def test_a_value_of_the_wrong_type_is_an_error_naming_the_field(trained, tmp_path, capsys, where, value):
+    """Before: a string became NaN and the mean silently had one seed less."""
+    cells, paths = _copies(trained, tmp_path)
+    doc = json.loads(paths[0].read_text())
+    parent = doc
+    for key in where[:-1]:
+        parent = parent[key]
+    parent[where[-1]] = value
+    paths[0].write_text(json.dumps(doc))
+    assert _aggregate(tmp_path, paths, cells) == 2
+    _one_line_error(capsys, str(paths[0]), f"field '{'.'.join(where)}' has value {value!r}")
+
+
+@pytest.mark.parametrize("damage", ["truncated", "nan", "binary", "empty"])
+def test_a_damaged_metrics_file_is_one_line_naming_it_and_what_to_do(trained, tmp_path, capsys, damage):
+    """Before: a JSONDecodeError traceback naming no file, on every rerun."""
+    cells, paths = _copies(trained, tmp_path)
+    text = paths[0].read_text()
+    paths[0].write_bytes({"truncated": text[: len(text) // 2].encode(), "nan": text.replace("0.", "NaN, \"x\": 0.", 1).encode(),
+                          "binary": b"\xff\xfe\x00garbage", "empty": b""}[damage])
+    assert _aggregate(tmp_path, paths, cells) == 2
+    _one_line_error(capsys, str(paths[0]), "delete it and rerun the workflow")
+
+
+@pytest.mark.parametrize("kind", ["device", "fifo", "directory", "link_out", "link_loop", "too_large"])
+def test_a_metrics_path_that_is_not_a_bounded_regular_file_is_refused(trained, tmp_path, capsys, monkeypatch, kind):
+    import fedrepro.custody as custody
+
+    cells, paths = _copies(trained, tmp_path / "work")
+    monkeypatch.chdir(tmp_path / "work")
+    paths[0].unlink()
+    if kind == "device":
+        paths[0].symlink_to("/dev/zero")
+    elif kind == "fifo":  # must not wait for a writer
+        os.mkfifo(paths[0])
+    elif kind == "directory":
+        paths[0].mkdir()
+    elif kind == "link_out":
+        (tmp_path / "elsewhere.json").write_text(paths[1].read_text())
+        paths[0].symlink_to(tmp_path / "elsewhere.json")
+    elif kind == "link_loop":
+        paths[0].symlink_to(paths[0])
+    else:
+        paths[0].write_text(paths[1].read_text())
+        monkeypatch.setattr(custody, "METRICS_MAX_BYTES", 1000)
+        monkeypatch.setattr(custody.read_bounded_json, "__defaults__", (1000, "metrics file"))
+    assert _aggregate(tmp_path, paths, cells) == 2
+    _one_line_error(capsys, str(paths[0]))
+
+
+def test_a_link_to_a_regular_file_inside_the_project_is_read(trained, tmp_path, capsys, monkeypatch):
+    """A DVC cache with cache.type symlink in the project keeps working."""
+    cells, paths = _copies(trained, tmp_path / "work")
+    monkeypatch.chdir(tmp_path / "work")
+    cache = tmp_path / "work" / ".dvc" / "cache" / "ab12"
+    cache.parent.mkdir(parents=True)
+    paths[0].rename(cache)
+    paths[0].symlink_to(cache)
+    assert _aggregate(tmp_path, paths, cells) == 0

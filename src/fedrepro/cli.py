@@ -233,6 +233,7 @@ def _cell_from_id(args) -> dict:
 
 def cmd_train(args) -> None:
     from .engine.run import train_cell
+    from .io import short_hash
 
     if (args.cell is None) == (args.cell_id is None):
         raise ConfigError("give one of --cell JSON (the resolved cell, as the workflow does) or CONFIG ... --cell-id ID "
@@ -246,6 +247,7 @@ def cmd_train(args) -> None:
             if value is None:
                 raise ConfigError(f"{flag} is required with --cell (with --cell-id it defaults to the workflow's path)")
         cell = json.loads(args.cell)
+    resolved_key = short_hash(cell)  # what the workflow expects in metrics.json, also for a tuned cell
     if cell.get("tuned") and not args.tuned:
         raise ConfigError("the cell's hyper-parameters are tuned: pass --tuned <the select rule's JSON>")
     if args.tuned:
@@ -258,7 +260,7 @@ def cmd_train(args) -> None:
                               f"not this cell's {cell['dataset']}/{cell['partition']}/{cell['label']}")
         cell = apply_values(cell, sel["winner"]["values"]) | {"tuned": {"trial": sel["winner"]["id"],
                                                                         "values": sel["winner"]["values"]}}
-    train_cell(cell, args.shards, args.out_dir, args.checkpoint, device=args.device, threads=args.threads)
+    train_cell(cell, args.shards, args.out_dir, args.checkpoint, device=args.device, threads=args.threads, cell_key=resolved_key)
 
 
 def cmd_pretrain_backbone(args) -> None:
@@ -270,11 +272,12 @@ def cmd_pretrain_backbone(args) -> None:
 
 
 def cmd_select(args) -> None:
-    from .io import read_json, write_json_atomic
+    from .custody import read_metrics
+    from .io import write_json_atomic
     from .tuning import select_winner
 
     spec = json.loads(args.spec)
-    runs = [{"trial": r["trial"], "seed": r["seed"], "metrics": read_json(r["metrics"])} for r in spec["runs"]]
+    runs = [{"trial": r["trial"], "seed": r["seed"], "metrics": read_metrics(r["metrics"])} for r in spec["runs"]]
     record = select_winner(spec, runs, spec["metric"])
     record = {k: spec[k] for k in ("dataset", "partition", "label", "method")} | record
     write_json_atomic(args.out, record)
@@ -296,7 +299,7 @@ def cmd_tuning_report(args) -> None:
 def cmd_aggregate(args) -> None:
     from .report.aggregate import load_cells, write_curves_csv, write_summary
 
-    cells = load_cells(args.metrics)
+    cells = load_cells(args.metrics, expect=args.expect)
     write_summary(cells, args.csv, args.json)
     write_curves_csv(cells, args.curves)
 
@@ -456,6 +459,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--csv", required=True)
     p.add_argument("--json", required=True)
     p.add_argument("--curves", required=True)
+    p.add_argument("--expect", nargs="+", metavar="CELL", help="per metrics file, in the same order, the cell it must "
+                   "belong to: experiment/dataset/partition/label/seed/cell_key (the aggregate rule passes them); "
+                   "a file of another cell is an error naming the file and the field")
     p.set_defaults(func=cmd_aggregate)
 
     p = sub.add_parser("tables", help="write paper-style tables", description="Write Markdown, LaTeX (booktabs) and CSV tables "

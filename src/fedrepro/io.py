@@ -113,16 +113,37 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
             os.fsync(fh.fileno())
         os.replace(tmp_path, path)
         fsync_dir(path.parent)
-    except OSError as exc:
+    except (OSError, RuntimeError) as exc:
         with contextlib.suppress(FileNotFoundError):
             tmp_path.unlink()
-        if exc.errno == errno.ENOSPC:  # name the file: the bare errno does not
-            raise OSError(exc.errno, f"No space left on device: cannot write {path} (nothing was written)") from exc
+        if _disk_full(exc, path.parent):  # name the file: the bare errno does not
+            raise OSError(errno.ENOSPC, f"No space left on device: cannot write {path} (nothing was written)") from exc
         raise
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             tmp_path.unlink()
         raise
+
+
+#: how torch's own file writer (torch.save to a path) reports a failed write: without the errno
+_TORCH_WRITE_FAILURES = ("unexpected pos", "PytorchStreamWriter failed writing")
+
+
+def _disk_full(exc: BaseException, folder: Path) -> bool:
+    """Whether `exc`, raised while writing into `folder`, is a full disk: OSError ENOSPC, also where
+    torch's RuntimeError for the failed write replaced it (it keeps it as its context), or torch's
+    RuntimeError alone on a file system that has (almost) no space left."""
+    seen, cause = 0, exc
+    while cause is not None and seen < 8:  # the chain torch's writer leaves: RuntimeError from OSError
+        if isinstance(cause, OSError):
+            return cause.errno == errno.ENOSPC
+        cause, seen = cause.__cause__ or cause.__context__, seen + 1
+    if not any(s in str(exc) for s in _TORCH_WRITE_FAILURES):
+        return False
+    try:
+        return shutil.disk_usage(folder).free < 1 << 20
+    except OSError:
+        return False
 
 
 def fsync_dir(path: str | os.PathLike) -> None:

@@ -1,4 +1,5 @@
 # All cells of the experiment -> summary files -> tables and plots (cheap, run locally).
+from fedrepro.custody import expected_token
 
 
 rule aggregate:
@@ -12,10 +13,14 @@ rule aggregate:
         "../envs/fedrepro.yaml"
     log:
         f"{OUT}/logs/aggregate.log",
+    params:
+        # per metrics file (all_metrics' order) the cell it must belong to: a copied, moved or
+        # stale file is an error naming it, not a wrong row
+        expect=lambda wildcards: [expected_token(c) for c in EXP["cells"]],
     localrule: True
     shell:
         "fedrepro aggregate {input:q} --csv {output.csv:q} --json {output.json:q} "
-        "--curves {output.curves:q} > {log:q} 2>&1"
+        "--curves {output.curves:q} --expect {params.expect:q} > {log:q} 2>&1"
 
 
 rule tables:

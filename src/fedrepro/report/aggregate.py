@@ -16,8 +16,8 @@ from typing import Any, Iterable
 import numpy as np
 import pandas as pd
 
-from fedrepro.io import atomic_path, read_json, write_json_atomic
-from fedrepro.registry import ConfigError
+from fedrepro.custody import ResultsError, check_unique, parse_token, read_metrics, warn_unchecked
+from fedrepro.io import atomic_path, write_json_atomic
 
 SCHEMA = "fedrepro.metrics/1"
 # Model kinds: each client's own test split (global, personal); after training, the unseen
@@ -46,15 +46,17 @@ CURVE_COLUMNS = ["dataset", "partition", "label", "kind", "seed", "round", "metr
 DECIMALS = 6
 
 
-def load_cells(paths: Iterable[str | Path]) -> list[dict]:
-    """Read metrics files (in the given order); raise ConfigError on a foreign schema."""
-    cells = []
-    for path in paths:
-        cell = read_json(path)
-        if not isinstance(cell, dict) or cell.get("schema") != SCHEMA or not isinstance(cell.get("cell"), dict):
-            got = cell.get("schema") if isinstance(cell, dict) else type(cell).__name__
-            raise ConfigError(f"{path}: not a metrics file (schema {got!r}); allowed: {SCHEMA!r}")
-        cells.append(cell)
+def load_cells(paths: Iterable[str | Path], expect: list[str] | None = None) -> list[dict]:
+    """Read metrics files (in the given order) bounded and type-checked (fedrepro.custody.read_metrics);
+    `expect`: per file, the cell it must belong to (custody.expected_token). Two files of one cell,
+    or files of several experiments, are refused too. Any problem is a ResultsError naming the file."""
+    paths = list(paths)
+    if expect is not None and len(expect) != len(paths):
+        raise ResultsError(f"--expect names {len(expect)} cell(s) for {len(paths)} metrics file(s); allowed: one per file")
+    expected = [parse_token(t) for t in expect] if expect is not None else [None] * len(paths)
+    cells = [read_metrics(path, e) for path, e in zip(paths, expected)]
+    check_unique(cells, paths)
+    warn_unchecked([p for p, c in zip(paths, cells) if c.get("identity") is None])
     return cells
 
 
