@@ -41,6 +41,8 @@ rule train:
         # Not an output: it must survive a killed job so the rerun resumes from it.
         checkpoint=f"{OUT}/checkpoints/{{dataset}}/{{partition}}/{{label}}/seed{{seed}}.pt",
         out_dir=lambda wildcards, output: os.path.dirname(output.metrics),
+        # Not an output either: live progress for `fedrepro status` (fedrepro/progress.py).
+        status=f"{OUT}/status/{{dataset}}/{{partition}}/{{label}}/seed{{seed}}.json",
     threads: 2
     resources:
         gpu=1,  # SLURM: GPUs of the submitted job (--gpus); the slurm-packed profile packs cells on one
@@ -49,6 +51,16 @@ rule train:
         runtime=240,
     message:
         "training cell {wildcards.dataset}/{wildcards.partition}/{wildcards.label}/seed{wildcards.seed}"
+    # The verbose log goes to {log}; one line per evaluation goes to the console (fd 3 = the
+    # console's stderr) and the status file is rewritten every round.
     shell:
+        "FEDREPRO_STATUS_FILE={params.status:q} FEDREPRO_CONSOLE_FD=3 "
         "fedrepro train --cell {params.cell:q} --shards {input.shards:q} --out-dir {params.out_dir:q} "
-        "--checkpoint {params.checkpoint:q} --threads {threads} > {log:q} 2>&1"
+        "--checkpoint {params.checkpoint:q} --threads {threads} 3>&2 > {log:q} 2>&1"
+
+
+# The cells of this run, so `fedrepro status results/<experiment>` also lists the pending ones.
+onstart:
+    from fedrepro.progress import write_plan
+
+    write_plan(OUT, EXP["cells"])
