@@ -191,11 +191,11 @@ def test_pivot_table_all_failed_and_single_seed(cells):
 def test_write_tables(cells, tmp_path):
     extra = [make_cell("fmnist", "dir0.1", "ditto", s, failed=True) for s in (0, 1)]
     paths = write_tables(summary_frame(cells + extra), tmp_path / "tables")
-    assert {p.name for p in paths} == {f"{n}.{e}" for n in DEFAULT_TABLES for e in ("md", "tex", "csv")}
+    assert {p.name for p in paths} == {f"{n}.{e}" for n in DEFAULT_TABLES for e in ("md", "tex", "csv", "meta.json")}
     assert all(p.exists() for p in paths)
 
     md = (tmp_path / "tables" / "accuracy.md").read_text()
-    assert md.startswith("Table: Accuracy (%) weighted by client test size, final round, mean ± std")
+    assert md.startswith("Table: Accuracy (%) weighted by client test size, final round, mean ± std (sample, ddof=1) over 2 seeds")
     assert "| fmnist / dir0.1 | cifar10 / shards2 |" in md
     for name, (a, b) in EXPECTED.items():
         assert f"| {name} | {a} | {b} |" in md
@@ -212,15 +212,17 @@ def test_write_tables(cells, tmp_path):
     assert "dir0.1 & shards2" in tex
     assert "±" not in tex.split("\n", 1)[1] and "fedavg_ft" not in tex  # escaped outside the comment line
 
-    assert (tmp_path / "tables" / "accuracy.csv").read_text().startswith("# accuracy: Accuracy (%)")
-    csv = pd.read_csv(tmp_path / "tables" / "accuracy.csv", comment="#")
+    # a plain CSV in the summary's unit (fractions); caption, notes and unit in the sidecar
+    csv = pd.read_csv(tmp_path / "tables" / "accuracy.csv")
+    meta = json.loads((tmp_path / "tables" / "accuracy.meta.json").read_text())
+    assert meta["caption"] in md and meta["unit"].startswith("fraction") and meta["seeds"] == 2
     assert list(csv["label"]) == ["fedavg_ft", "fedavg_ft", "fedavg", "ditto"]
     assert list(csv["kind"]) == ["global", "personal", "global", "failed"]
     for ds, part in GRID:
         for stat in ("mean", "std"):
             assert f"{ds}/{part}/{stat}" in csv.columns
-    assert csv.loc[0, "fmnist/dir0.1/mean"] == pytest.approx(81.0)
-    assert csv.loc[0, "fmnist/dir0.1/std"] == pytest.approx(100 * 0.02 / math.sqrt(2))
+    assert csv.loc[0, "fmnist/dir0.1/mean"] == pytest.approx(0.81)
+    assert csv.loc[0, "fmnist/dir0.1/std"] == pytest.approx(0.02 / math.sqrt(2), abs=1e-6)
     assert csv.loc[0, "cifar10/shards2/n_failed"] == 1
 
     worst = (tmp_path / "tables" / "accuracy_worst10.md").read_text()
