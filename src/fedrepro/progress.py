@@ -49,7 +49,9 @@ def clock(seconds: float | None) -> str:
 
 
 def cell_name(cell: dict) -> str:
-    return f"{cell.get('dataset')}/{cell.get('partition')}/{cell.get('label') or cell.get('method')}/seed{cell.get('seed')}"
+    """dataset/partition/label[/trial]/seed<n>: a tuning trial's cell carries its trial id."""
+    trial = f"/{cell['trial']}" if cell.get("trial") else ""
+    return f"{cell.get('dataset')}/{cell.get('partition')}/{cell.get('label') or cell.get('method')}{trial}/seed{cell.get('seed')}"
 
 
 class CellProgress:
