@@ -52,9 +52,10 @@ rule train:
     message:
         "training cell {wildcards.dataset}/{wildcards.partition}/{wildcards.label}/seed{wildcards.seed}"
     # The verbose log goes to {log}; one line per evaluation goes to the console (fd 3 = the
-    # console's stderr) and the status file is rewritten every round.
+    # console's stderr) and the status file is rewritten every round (a previous run's file is
+    # removed first: while the job starts up the cell shows as pending, not as that old run).
     shell:
-        "FEDREPRO_STATUS_FILE={params.status:q} FEDREPRO_CONSOLE_FD=3 "
+        "rm -f {params.status:q}; FEDREPRO_STATUS_FILE={params.status:q} FEDREPRO_CONSOLE_FD=3 "
         "fedrepro train --cell {params.cell:q} --shards {input.shards:q} --out-dir {params.out_dir:q} "
         "--checkpoint {params.checkpoint:q} --threads {threads} 3>&2 > {log:q} 2>&1"
 

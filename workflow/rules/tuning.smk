@@ -133,6 +133,6 @@ if TUNED_LABELS:
             "training tuned cell {wildcards.dataset}/{wildcards.partition}/{wildcards.label}/seed{wildcards.seed}"
         # status file and console lines as rule train
         shell:
-            "FEDREPRO_STATUS_FILE={params.status:q} FEDREPRO_CONSOLE_FD=3 "
+            "rm -f {params.status:q}; FEDREPRO_STATUS_FILE={params.status:q} FEDREPRO_CONSOLE_FD=3 "
             "fedrepro train --cell {params.cell:q} --shards {input.shards:q} --out-dir {params.out_dir:q} "
             "--checkpoint {params.checkpoint:q} --threads {threads} --tuned {input.tuned:q} 3>&2 > {log:q} 2>&1"

@@ -112,5 +112,5 @@ def console_summary(summary_csv: str | Path) -> str:
         return ""
     cap, table, notes = main_table(frame)
     table.columns = [" / ".join(map(str, c)) for c in table.columns]
-    return "\n".join([f"fedrepro: {cap}", "", table.to_string(), *([""] + notes if notes else []), "",
+    return "\n".join([f"fedrepro: {cap}", "", table.rename_axis(None).to_string(), *([""] + notes if notes else []), "",
                       f"tables: {path.parent / 'tables'}/  plots: {path.parent / 'plots'}/  status: fedrepro status {path.parent}"])
