@@ -1,16 +1,17 @@
 """Live progress of training cells, outside their logs.
 
-A training job started by the workflow gets two environment variables (workflow/rules/train.smk):
+The workflow sets FEDREPRO_STATUS_DIR (results/<experiment>/status, in workflow/rules/train.smk,
+so the rules' code is unchanged and no finished cell reruns) for every job it starts. A training
+process then rewrites a small JSON file atomically after each round,
+<dir>/<dataset>/<partition>/<label>[/<trial>]/seed<seed>.json: round r of R, the last evaluated
+accuracies, elapsed time, an estimate of the time left, pid and host. Two readers:
 
-- FEDREPRO_STATUS_FILE: a small JSON file the engine rewrites atomically after every round
-  (results/<experiment>/status/<dataset>/<partition>/<label>/seed<seed>.json): round r of R,
-  the last evaluated accuracies, elapsed time, an estimate of the time left, pid and host.
-  `fedrepro status results/<experiment>` renders these files as a table.
-- FEDREPRO_CONSOLE_FD: a file descriptor (the console Snakemake runs in) that gets one compact
-  line per evaluation while the verbose per-round lines go to the job's log.
+- `fedrepro status results/<experiment>`: a table of running, done, failed, stopped and pending cells;
+- `ConsoleWatcher`, a thread of the Snakemake process itself (its onstart): one compact console line
+  per cell evaluation, start and end, while the verbose per-round lines stay in the job's log.
 
-Both are side channels: nothing here is read by training, metrics.json or the cell hashes, and
-the status files are not workflow outputs (nor tracked by DVC or git).
+Side channels only: nothing here is read by training, metrics.json or the cell hashes, and the
+status files are no workflow output (nor tracked by DVC or git).
 """
 
 from __future__ import annotations
@@ -20,19 +21,19 @@ import math
 import os
 import socket
 import sys
+import threading
 import time
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from .io import write_json_atomic
 
-STATUS_ENV = "FEDREPRO_STATUS_FILE"
-CONSOLE_ENV = "FEDREPRO_CONSOLE_FD"
+STATUS_DIR_ENV = "FEDREPRO_STATUS_DIR"
 STATUS_SCHEMA = "fedrepro.status/1"
 PLAN_FILE = "plan.json"  # results/<experiment>/status/plan.json: every cell of the run (the workflow's onstart)
 _WRITE_EVERY_S = 1.0  # status file rewrites at most this often, besides evaluated and last rounds
-_CONSOLE_EVERY_S = 30.0  # a console line at least this often even between evaluations
+_HEARTBEAT_S = 60.0  # a console line for a running cell at least this often, even between evaluations
 
 
 def _now() -> str:
@@ -54,36 +55,32 @@ def cell_name(cell: dict) -> str:
     return f"{cell.get('dataset')}/{cell.get('partition')}/{cell.get('label') or cell.get('method')}{trial}/seed{cell.get('seed')}"
 
 
+def status_path(status_dir: str | Path, cell: dict) -> Path:
+    return Path(status_dir) / f"{cell_name(cell)}.json"
+
+
 class CellProgress:
-    """The status file and console lines of one training process (silent without the variables)."""
+    """The status file of one training process (nothing without FEDREPRO_STATUS_DIR)."""
 
     def __init__(self, cell: dict | None, total: int, initial: int):
-        path = os.environ.get(STATUS_ENV)
-        self.path = Path(path) if path else None
-        self.console = None
-        fd = os.environ.get(CONSOLE_ENV)
-        if fd and fd.isdigit():
-            try:
-                os.fstat(int(fd))
-                self.console = int(fd)
-            except OSError:
-                pass
         cell = cell or {}
-        self.name = cell_name(cell)
+        root = os.environ.get(STATUS_DIR_ENV)
+        self.path = status_path(root, cell) if root and cell else None
         self.total, self.initial = total, initial
         self.t0 = time.monotonic()
-        self.wrote = self.said = -math.inf
+        self.wrote = -math.inf
         self.state: dict[str, Any] = {
             "schema": STATUS_SCHEMA,
-            "cell": {k: cell.get(k) for k in ("experiment", "dataset", "partition", "label", "method", "seed")},
+            "cell": {k: cell.get(k) for k in ("experiment", "dataset", "partition", "label", "method", "trial", "seed")},
             "state": "running", "round": initial, "rounds": total, "eval_round": None, "acc": {},
             "train_loss": None, "elapsed_s": 0.0, "eta_s": None, "pid": os.getpid(), "host": socket.gethostname(),
             "started": _now(), "updated": _now(),
         }
         self._write(force=True)
-        self._say(f"started{f' (resumed after round {initial})' if initial else ''}, {total} rounds")
 
     def update(self, r: int, acc: dict[str, float] | None, loss: float) -> None:
+        if self.path is None:
+            return
         elapsed = time.monotonic() - self.t0
         done = r - self.initial
         eta = elapsed / done * (self.total - r) if done > 0 else None
@@ -92,10 +89,6 @@ class CellProgress:
         if acc:
             self.state.update(eval_round=r, acc={k: round(v, 6) for k, v in acc.items()})
         self._write(force=bool(acc) or r == self.total)
-        if acc or r == self.total or time.monotonic() - self.said >= _CONSOLE_EVERY_S:
-            self._say(f"round {r}/{self.total}" + "".join(f", {k} acc {100 * v:.2f}%" for k, v in self.state["acc"].items())
-                      + (f" (round {self.state['eval_round']})" if self.state["acc"] and self.state["eval_round"] != r else "")
-                      + f", loss {loss:.4f}, {clock(elapsed)} elapsed, ~{clock(eta)} left")
 
     def close(self) -> None:
         """The rounds are done: what is left is the final evaluation and writing metrics.json."""
@@ -112,14 +105,60 @@ class CellProgress:
             print(f"[fedrepro] status file {self.path} not written: {exc}", file=sys.stderr)
             self.path = None
 
-    def _say(self, text: str) -> None:
-        if self.console is None:
-            return
-        try:
-            os.write(self.console, f"[fedrepro] {self.name}: {text}\n".encode())
-            self.said = time.monotonic()
-        except OSError:
-            self.console = None
+
+def console_line(s: dict) -> str:
+    """'[fedrepro] d/p/label/seed0: round 40/100, global acc 71.20% (round 40), loss 0.4, 1:02 elapsed, ~1:30 left'."""
+    acc = "".join(f", {k} acc {100 * v:.2f}%" for k, v in (s.get("acc") or {}).items())
+    if acc and s.get("eval_round") != s.get("round"):
+        acc += f" (round {s.get('eval_round')})"
+    loss = f", loss {s['train_loss']:.4f}" if isinstance(s.get("train_loss"), (int, float)) else ""
+    what = {"running": "round", "finishing": "trained"}.get(s.get("state"), s.get("state"))
+    left = f", ~{clock(s.get('eta_s'))} left" if s.get("state") == "running" and s.get("eta_s") is not None else ""
+    return (f"[fedrepro] {cell_name(s.get('cell') or {})}: {what} {s.get('round')}/{s.get('rounds')}{acc}{loss}, "
+            f"{clock(s.get('elapsed_s'))} elapsed{left}")
+
+
+class ConsoleWatcher:
+    """Prints a compact line whenever a cell's status file shows a new evaluation or state (and
+    every _HEARTBEAT_S for a running cell): the console of a Snakemake run, whose jobs write their
+    own output to log files. `start()` polls in a daemon thread; `poll()` is one pass."""
+
+    def __init__(self, status_dir: str | Path, stream: TextIO | None = None, every_s: float = 2.0):
+        self.root, self.stream, self.every_s = Path(status_dir), stream, every_s
+        self.seen: dict[Path, tuple] = {}
+        self.said: dict[Path, float] = {}
+        self.mtimes: dict[Path, float] = {}
+        self.since = time.time()
+
+    def poll(self) -> list[str]:
+        lines = []
+        for path in sorted(self.root.rglob("seed*.json")):
+            try:
+                mtime = path.stat().st_mtime
+            except OSError:
+                continue
+            running = self.seen.get(path, (None,))[0] == "running"
+            if mtime < self.since or (mtime == self.mtimes.get(path) and not running):
+                continue  # a file of an earlier run, or unchanged
+            self.mtimes[path] = mtime
+            s = _read(path)
+            if not s or s.get("schema") != STATUS_SCHEMA:
+                continue
+            key = (s.get("state"), s.get("eval_round"), s.get("started"))
+            beat = s.get("state") == "running" and time.monotonic() - self.said.get(path, -math.inf) >= _HEARTBEAT_S
+            if key != self.seen.get(path) or beat:
+                self.seen[path], self.said[path] = key, time.monotonic()
+                lines.append(console_line(s))
+        return lines
+
+    def start(self) -> None:
+        def loop():
+            while True:
+                for line in self.poll():
+                    print(line, file=self.stream or sys.stderr, flush=True)
+                time.sleep(self.every_s)
+
+        threading.Thread(target=loop, name="fedrepro-progress", daemon=True).start()
 
 
 # -- reading them back: `fedrepro status` -----------------------------------------------------
@@ -145,45 +184,47 @@ def _read(path: Path) -> dict | None:
     return data if isinstance(data, dict) else None
 
 
-def _key(c: dict) -> str:
-    return f"{c.get('dataset')}/{c.get('partition')}/{c.get('label')}/seed{c.get('seed')}"
+def _finished(key: str, metrics: Path, rounds: Any = None) -> dict | None:
+    m = _read(metrics)
+    if m is None:
+        return None
+    acc = {kind: ((m.get("summary") or {}).get(f"{kind}_acc") or {}).get("weighted_mean") for kind in ("global", "personal")}
+    return {"cell": key, "state": "done" if m.get("status") == "ok" else "failed", "round": m.get("rounds"),
+            "rounds": rounds or m.get("rounds"), "acc": {k: v for k, v in acc.items() if isinstance(v, (int, float))},
+            "elapsed_s": (m.get("resources") or {}).get("wall_time_s"), "eta_s": None}
 
 
 def collect(results_dir: str | Path) -> list[dict]:
     """One row per cell of results/<experiment>: state (running, finishing, done, failed, stopped,
     pending), round, rounds, accuracies, elapsed and eta. The cells are the run's plan (written when
-    the workflow starts), the status files and the finished metrics.json files; metrics.json newer
-    than a status file decides done/failed, a dead process (same host) makes a running cell stopped."""
+    the workflow starts), the status files (tuning trials too) and the finished metrics.json files; a
+    metrics.json at least as new as the status file decides done/failed, and a running cell whose
+    process is gone (same host) is stopped."""
     root = Path(results_dir)
     rows: dict[str, dict] = {}
     plan = _read(root / "status" / PLAN_FILE) or {}
     for c in plan.get("cells") or []:
-        rows[_key(c)] = {"cell": _key(c), "state": "pending", "round": None, "rounds": c.get("rounds"), "acc": {},
-                         "elapsed_s": None, "eta_s": None}
-    for path in sorted((root / "status").glob("*/*/*/seed*.json")):
+        rows[cell_name(c)] = {"cell": cell_name(c), "state": "pending", "round": None, "rounds": c.get("rounds"),
+                              "acc": {}, "elapsed_s": None, "eta_s": None}
+    for metrics in sorted((root / "runs").glob("*/*/*/seed*/metrics.json")):
+        key = "/".join(metrics.parent.relative_to(root / "runs").parts)
+        rows[key] = _finished(key, metrics, (rows.get(key) or {}).get("rounds")) or rows.get(key)
+    for path in sorted((root / "status").rglob("seed*.json")):
         s = _read(path)
         if not s or s.get("schema") != STATUS_SCHEMA:
             continue
-        row = {"cell": _key(s.get("cell") or {}), **{k: s.get(k) for k in ("state", "round", "rounds", "acc", "elapsed_s", "eta_s")},
-               "_mtime": path.stat().st_mtime}
+        cell = s.get("cell") or {}
+        key = cell_name(cell)
+        metrics = root / ("tuning/runs" if cell.get("trial") else "runs") / key / "metrics.json"
+        if metrics.exists() and metrics.stat().st_mtime >= path.stat().st_mtime:
+            rows[key] = _finished(key, metrics, s.get("rounds")) or rows.get(key)
+            continue
+        row = {"cell": key, **{k: s.get(k) for k in ("state", "round", "rounds", "acc", "elapsed_s", "eta_s")}}
         if row["state"] in ("running", "finishing") and _alive(s.get("pid"), s.get("host")) is False:
             row["state"], row["eta_s"] = "stopped", None
-        rows[row["cell"]] = row
-    for metrics in sorted((root / "runs").glob("*/*/*/seed*/metrics.json")):
-        m = _read(metrics)
-        if not m:
-            continue
-        key = "/".join(metrics.parent.relative_to(root / "runs").parts)
-        row = rows.get(key)
-        if row is not None and row.get("_mtime", -math.inf) > metrics.stat().st_mtime:
-            continue  # a newer run of the cell (a rerun) is in progress
-        acc = {kind: (m.get("summary") or {}).get(f"{kind}_acc", {}).get("weighted_mean") for kind in ("global", "personal")}
-        rows[key] = {"cell": key, "state": "done" if m.get("status") == "ok" else "failed", "round": m.get("rounds"),
-                     "rounds": (row or {}).get("rounds") or m.get("rounds"),
-                     "acc": {k: v for k, v in acc.items() if isinstance(v, (int, float))},
-                     "elapsed_s": ((m.get("resources") or {}).get("wall_time_s")), "eta_s": None}
+        rows[key] = row
     order = {"running": 0, "finishing": 0, "stopped": 1, "failed": 2, "pending": 3, "done": 4}
-    return sorted(rows.values(), key=lambda r: (order.get(r["state"], 5), r["cell"]))
+    return sorted((r for r in rows.values() if r), key=lambda r: (order.get(r["state"], 5), r["cell"]))
 
 
 def render(rows: list[dict], results_dir: str | Path) -> str:

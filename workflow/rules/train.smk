@@ -41,8 +41,6 @@ rule train:
         # Not an output: it must survive a killed job so the rerun resumes from it.
         checkpoint=f"{OUT}/checkpoints/{{dataset}}/{{partition}}/{{label}}/seed{{seed}}.pt",
         out_dir=lambda wildcards, output: os.path.dirname(output.metrics),
-        # Not an output either: live progress for `fedrepro status` (fedrepro/progress.py).
-        status=f"{OUT}/status/{{dataset}}/{{partition}}/{{label}}/seed{{seed}}.json",
     threads: 2
     resources:
         gpu=1,  # SLURM: GPUs of the submitted job (--gpus); the slurm-packed profile packs cells on one
@@ -51,17 +49,23 @@ rule train:
         runtime=240,
     message:
         "training cell {wildcards.dataset}/{wildcards.partition}/{wildcards.label}/seed{wildcards.seed}"
-    # The verbose log goes to {log}; one line per evaluation goes to the console (fd 3 = the
-    # console's stderr) and the status file is rewritten every round (a previous run's file is
-    # removed first: while the job starts up the cell shows as pending, not as that old run).
     shell:
-        "rm -f {params.status:q}; FEDREPRO_STATUS_FILE={params.status:q} FEDREPRO_CONSOLE_FD=3 "
         "fedrepro train --cell {params.cell:q} --shards {input.shards:q} --out-dir {params.out_dir:q} "
-        "--checkpoint {params.checkpoint:q} --threads {threads} 3>&2 > {log:q} 2>&1"
+        "--checkpoint {params.checkpoint:q} --threads {threads} > {log:q} 2>&1"
 
 
-# The cells of this run, so `fedrepro status results/<experiment>` also lists the pending ones.
+# Live progress (fedrepro/progress.py): every job this Snakemake process starts inherits the
+# status folder, where training processes rewrite their cell's status file each round. Set here,
+# not in the rules, so their code (and so every finished cell) stays as it was.
+from fedrepro.progress import STATUS_DIR_ENV
+
+os.environ[STATUS_DIR_ENV] = os.path.abspath(f"{OUT}/status")
+
+
+# When the run starts: the plan of cells (`fedrepro status` lists the pending ones), and a thread
+# that prints one line per evaluation of every training cell to this console.
 onstart:
-    from fedrepro.progress import write_plan
+    from fedrepro.progress import ConsoleWatcher, write_plan
 
     write_plan(OUT, EXP["cells"])
+    ConsoleWatcher(f"{OUT}/status").start()

@@ -31,11 +31,9 @@ rule tune_trial:
         runtime=240,
     message:
         "tuning trial {wildcards.dataset}/{wildcards.partition}/{wildcards.label}/{wildcards.trial}/seed{wildcards.seed}"
-    # one line per evaluation on the console (fd 3), as rule train
     shell:
-        "FEDREPRO_CONSOLE_FD=3 "
         "fedrepro train --cell {params.cell:q} --shards {input:q} --out-dir {params.out_dir:q} "
-        "--checkpoint {params.checkpoint:q} --threads {threads} 3>&2 > {log:q} 2>&1"
+        "--checkpoint {params.checkpoint:q} --threads {threads} > {log:q} 2>&1"
 
 
 rule select:
@@ -122,7 +120,6 @@ if TUNED_LABELS:
             # Not an output: it must survive a killed job so the rerun resumes from it.
             checkpoint=f"{OUT}/checkpoints/{{dataset}}/{{partition}}/{{label}}/seed{{seed}}.pt",
             out_dir=lambda wildcards, output: os.path.dirname(output.metrics),
-            status=f"{OUT}/status/{{dataset}}/{{partition}}/{{label}}/seed{{seed}}.json",
         threads: 2
         resources:
             gpu=1,
@@ -131,8 +128,6 @@ if TUNED_LABELS:
             runtime=240,
         message:
             "training tuned cell {wildcards.dataset}/{wildcards.partition}/{wildcards.label}/seed{wildcards.seed}"
-        # status file and console lines as rule train
         shell:
-            "rm -f {params.status:q}; FEDREPRO_STATUS_FILE={params.status:q} FEDREPRO_CONSOLE_FD=3 "
             "fedrepro train --cell {params.cell:q} --shards {input.shards:q} --out-dir {params.out_dir:q} "
-            "--checkpoint {params.checkpoint:q} --threads {threads} --tuned {input.tuned:q} 3>&2 > {log:q} 2>&1"
+            "--checkpoint {params.checkpoint:q} --threads {threads} --tuned {input.tuned:q} > {log:q} 2>&1"
