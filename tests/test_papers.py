@@ -127,7 +127,7 @@ def toy_spec(table: str = "t1") -> str:
 
 
 def read_csv(path: Path) -> pd.DataFrame:
-    return pd.read_csv(path, comment="#")
+    return pd.read_csv(path)  # plain CSV: no options needed (title and notes are in the .md/.html)
 
 
 # ---------------------------------------------------------------------------------------------

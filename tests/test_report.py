@@ -192,11 +192,11 @@ def test_pivot_table_all_failed_and_single_seed(cells):
 def test_write_tables(cells, tmp_path):
     extra = [make_cell("fmnist", "dir0.1", "ditto", s, failed=True) for s in (0, 1)]
     paths = write_tables(summary_frame(cells + extra), tmp_path / "tables")
-    assert {p.name for p in paths} == {f"{n}.{e}" for n in DEFAULT_TABLES for e in ("md", "tex", "csv")}
+    assert {p.name for p in paths} == {f"{n}.{e}" for n in DEFAULT_TABLES for e in ("md", "tex", "csv", "meta.json")}
     assert all(p.exists() for p in paths)
 
     md = (tmp_path / "tables" / "accuracy.md").read_text()
-    assert md.startswith("Table: Accuracy (%) weighted by client test size, final round, mean ± std")
+    assert md.startswith("Table: Accuracy (%) weighted by client test size, final round, mean ± std (sample, ddof=1) over 2 seeds")
     assert "| fmnist / dir0.1 | cifar10 / shards2 |" in md
     for name, (a, b) in EXPECTED.items():
         assert f"| {name} | {a} | {b} |" in md
@@ -213,15 +213,17 @@ def test_write_tables(cells, tmp_path):
     assert "dir0.1 & shards2" in tex
     assert "±" not in tex.split("\n", 1)[1] and "fedavg_ft" not in tex  # escaped outside the comment line
 
-    assert (tmp_path / "tables" / "accuracy.csv").read_text().startswith("# accuracy: Accuracy (%)")
-    csv = pd.read_csv(tmp_path / "tables" / "accuracy.csv", comment="#")
+    # a plain CSV in the summary's unit (fractions); caption, notes and unit in the sidecar
+    csv = pd.read_csv(tmp_path / "tables" / "accuracy.csv")
+    meta = json.loads((tmp_path / "tables" / "accuracy.meta.json").read_text())
+    assert meta["caption"] in md and meta["unit"].startswith("fraction") and meta["seeds"] == 2
     assert list(csv["label"]) == ["fedavg_ft", "fedavg_ft", "fedavg", "ditto"]
     assert list(csv["kind"]) == ["global", "personal", "global", "failed"]
     for ds, part in GRID:
         for stat in ("mean", "std"):
             assert f"{ds}/{part}/{stat}" in csv.columns
-    assert csv.loc[0, "fmnist/dir0.1/mean"] == pytest.approx(81.0)
-    assert csv.loc[0, "fmnist/dir0.1/std"] == pytest.approx(100 * 0.02 / math.sqrt(2))
+    assert csv.loc[0, "fmnist/dir0.1/mean"] == pytest.approx(0.81)
+    assert csv.loc[0, "fmnist/dir0.1/std"] == pytest.approx(0.02 / math.sqrt(2), abs=1e-6)
     assert csv.loc[0, "cifar10/shards2/n_failed"] == 1
 
     worst = (tmp_path / "tables" / "accuracy_worst10.md").read_text()
@@ -470,3 +472,75 @@ def test_a_link_to_a_regular_file_inside_the_project_is_read(trained, tmp_path, 
     paths[0].rename(cache)
     paths[0].symlink_to(cache)
     assert _aggregate(tmp_path, paths, cells) == 0
+def _same_global_model_twice(seeds=(0,)) -> list[dict]:
+    """fedavg and fedavg_ft whose global model is the same one (fine-tuning only makes personal
+    models), evaluated at rounds 1 and 3 with the training loss of every round."""
+    cells = []
+    for seed in seeds:
+        base = make_cell("fmnist", "dir0.1", "fedavg", seed)
+        base["curves"]["round"] = [1, 3]
+        base["curves"]["global_acc"] = {"weighted_mean": [0.5 + seed / 100, 0.7]}
+        base["train_loss_per_round"] = [1.0, 0.7, 0.5]
+        ft = json.loads(json.dumps(base))
+        ft["cell"].update(label="fedavg_ft", method="fedavg_ft")
+        ft["summary"]["personal_acc"] = _stats(0.9)
+        ft["curves"]["personal_acc"] = {"weighted_mean": [0.8, 0.9]}
+        cells += [base, ft]
+    return cells
+
+
+def test_an_identical_series_is_drawn_once_every_panel_has_a_legend_and_the_loss_every_round():
+    from fedrepro.report.plots import curves_figure
+
+    fig = curves_figure(_same_global_model_twice(), "fmnist", "dir0.1")
+    ax_acc, ax_loss = fig.axes[:2]
+    plt.close(fig)
+    assert [line.get_label() for line in ax_acc.get_lines()] == ["fedavg = fedavg_ft (global)", "fedavg_ft (personal)"]
+    assert [line.get_label() for line in ax_loss.get_lines()] == ["fedavg = fedavg_ft"]
+    for ax in (ax_acc, ax_loss):
+        assert [t.get_text() for t in ax.get_legend().get_texts()] == [line.get_label() for line in ax.get_lines()]
+    assert list(ax_loss.get_lines()[0].get_xdata()) == [1, 2, 3]  # every round, not only the evaluated ones
+    assert list(ax_loss.get_lines()[0].get_ydata()) == [1.0, 0.7, 0.5]
+
+
+def test_one_seed_is_not_captioned_as_a_spread_and_identical_rows_are_noted(tmp_path):
+    write_tables(summary_frame(_same_global_model_twice()), tmp_path)
+    md = (tmp_path / "accuracy.md").read_text()
+    assert md.startswith("Table: Accuracy (%) weighted by client test size, final round, one seed (no spread over seeds)")
+    assert "±" not in md and "fedavg_ft (global) is identical to fedavg (global) in every cell and seed" in md
+    two = summary_frame(_same_global_model_twice(seeds=(0, 1)))
+    two.loc[(two["label"] == "fedavg_ft") & (two["seed"] == 1), "acc_mean"] += 0.01  # differs in one seed
+    write_tables(two, tmp_path / "two")
+    assert "identical" not in (tmp_path / "two" / "accuracy.md").read_text()
+
+
+def _render_like_snakemake_report(rst: str) -> str:
+    """What `snakemake --report` does with the workflow description: Jinja, then docutils."""
+    from docutils.core import publish_parts
+    from jinja2 import Environment
+
+    links = "\n\n.. _Tables: javascript:show('Tables')\n.. _Learning curves: javascript:show('Learning curves')\n"
+    return publish_parts(Environment(trim_blocks=True, lstrip_blocks=True).from_string(rst + links).render(),
+                         writer="html", settings_overrides={"report_level": 2})["html_body"]
+
+
+def test_the_report_landing_page_shows_the_main_table_the_curves_and_only_what_the_experiment_has(cells, tmp_path):
+    from fedrepro.report.landing import console_summary, description_rst
+
+    png = tmp_path / "curves_fmnist_dir0.1.png"
+    plot_curves(cells, "fmnist", "dir0.1", png)
+    frame = summary_frame(cells)
+    spec = {"experiment": "default", "rounds": "3", "seeds": [0, 1], "tuning": False, "paper": None}
+    page = _render_like_snakemake_report(description_rst(frame, spec, [png]))
+    assert "System Message" not in page and "<table class=\"fedrepro-main\"" in page.replace("'", '"')
+    for name, values in EXPECTED.items():
+        assert f">{name}</td>" in page and all(f">{v}</td>" in page for v in values)
+    assert page.count("data:image/png;base64,") == 1
+    assert "tuned" not in page and "Paper" not in page
+    page = _render_like_snakemake_report(description_rst(frame, spec | {"tuning": True, "paper": "FedX"}, [png]))
+    assert "Hyper-parameters were tuned" in page and "Paper: FedX" in page
+    # the console at the end of a run: the same table as text
+    write_summary(cells, tmp_path / "summary.csv", tmp_path / "summary.json")
+    text = console_summary(tmp_path / "summary.csv")
+    assert text.startswith("fedrepro: Accuracy (%)") and "fedavg_ft (personal)" in text and "91.50 ± 2.12" in text
+    assert console_summary(tmp_path / "missing.csv") == ""

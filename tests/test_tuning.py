@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 
@@ -233,6 +234,8 @@ def test_select_and_tuned_training_through_the_cli(tiny_partition, tmp_path):
     assert prov["cell"]["tuned"]["trial"] == record["winner"]["id"]
     assert main(["tuning-report", str(sel), "--table", str(tmp_path / "tuning"), "--plot", str(tmp_path / "t.png")]) == 0
     assert f"mu={record['winner']['values']['mu']:g}" in (tmp_path / "tuning.md").read_text()
+    table = pd.read_csv(tmp_path / "tuning.csv")  # plain CSV, fractions as in summary.csv
+    assert table["val_score"].tolist() == [pytest.approx(record["winner"]["score"], abs=1e-9)]
     assert (tmp_path / "t.png").read_bytes()[:4] == b"\x89PNG"
 
 

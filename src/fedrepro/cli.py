@@ -358,6 +358,39 @@ def _add_set(p: argparse.ArgumentParser) -> None:
                    "argument separated by spaces), e.g. --set 'training.rounds=1 seeds=[0,1]'; snakemake: --config set='...'")
 
 
+def cmd_status(args) -> None:
+    import time
+
+    from .progress import collect, render
+
+    root = Path(args.results)
+    if not root.is_dir():
+        raise ConfigError(f"{root}: no such results folder (give results/<experiment>)")
+    if args.watch is not None and not args.watch > 0:
+        raise ConfigError(f"--watch {args.watch:g}: must be a number of seconds > 0")
+    while True:
+        text = render(collect(root), root)
+        if not args.watch:
+            print(text)
+            return
+        # clear the screen and redraw, until Ctrl-C
+        sys.stdout.write("\x1b[H\x1b[2J" + text + f"\n\n(every {args.watch:g} s; Ctrl-C to stop)\n")
+        sys.stdout.flush()
+        try:
+            time.sleep(args.watch)
+        except KeyboardInterrupt:
+            return
+
+
+def cmd_report_page(args) -> None:
+    import pandas as pd
+
+    from .io import write_text_atomic
+    from .report.landing import description_rst
+
+    write_text_atomic(args.out, description_rst(pd.read_csv(args.summary), json.loads(args.spec), args.curves))
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="fedrepro", description="fedrepro: reproducible benchmarks of personalized and fair "
                                  "federated learning. The Snakemake workflow calls these steps; `list` shows the registries.")
@@ -479,6 +512,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--clients", help="per-client accuracy PNG")
     p.add_argument("--tsne", help="t-SNE PNG of the clients of evaluation.embed_clients")
     p.set_defaults(func=cmd_plots)
+
+    p = sub.add_parser("status", help="progress of the cells of a results folder", description="Show the cells of "
+                       "results/<experiment> while the workflow runs: running (round r/R, last accuracy, time left), done, "
+                       "failed, stopped and pending, from the status files the training jobs write and the finished metrics.json.")
+    p.add_argument("results", help="results/<experiment>")
+    p.add_argument("--watch", type=float, metavar="SECONDS", help="redraw every SECONDS until Ctrl-C")
+    p.set_defaults(func=cmd_status)
+
+    p = sub.add_parser("report-page", help="write the report's landing page", description="Write the reStructuredText "
+                       "landing page of `snakemake --report`: the main table inline, the learning curves, and what the "
+                       "experiment ran (the workflow's report_page rule).")
+    p.add_argument("--summary", required=True, help="summary.csv")
+    p.add_argument("--spec", required=True, help="JSON: experiment, rounds, seeds, tuning (bool), paper (name or null)")
+    p.add_argument("--curves", nargs="*", default=[], help="learning-curve PNGs to embed")
+    p.add_argument("--out", required=True)
+    p.set_defaults(func=cmd_report_page)
 
     p = sub.add_parser("paper-table", help="regenerate a paper table beside the published numbers",
                        description="Build one paper table from metrics.json files: per cell our mean ± std over seeds, "

@@ -36,7 +36,7 @@ rule tables:
             )
             for t in TABLES
         ],
-        [f"{OUT}/tables/{t}.{ext}" for t in TABLES for ext in ("md", "tex")],
+        [f"{OUT}/tables/{t}.{ext}" for t in TABLES for ext in ("md", "tex", "meta.json")],
     conda:
         "../envs/fedrepro.yaml"
     log:
@@ -92,3 +92,30 @@ rule tsne_plot:
     shell:
         "fedrepro plots {input:q} --dataset {wildcards.dataset:q} --partition {wildcards.partition:q} "
         "--tsne {output:q} > {log:q} 2>&1"
+
+
+rule report_page:
+    input:
+        summary=f"{OUT}/summary.csv",
+        curves=[f"{OUT}/plots/curves_{d}_{p}.png" for d, p in sorted(PARTITIONS)],
+    output:
+        LANDING,
+    conda:
+        "../envs/fedrepro.yaml"
+    log:
+        f"{OUT}/logs/report_page.log",
+    params:
+        spec=landing_spec_json,
+    localrule: True
+    shell:
+        "fedrepro report-page --summary {input.summary:q} --spec {params.spec:q} --curves {input.curves:q} "
+        "--out {output:q} > {log:q} 2>&1"
+
+
+# The main table on the console when the whole run succeeded.
+onsuccess:
+    from fedrepro.report.landing import console_summary
+
+    text = console_summary(f"{OUT}/summary.csv")
+    if text:
+        print(text, file=sys.stderr)

@@ -115,6 +115,22 @@ TABLES = [
 ]
 
 
+# The report's landing page (`report:` in the Snakefile, fedrepro/report/landing.py): written by the
+# report_page rule; until it exists the report falls back to workflow/report/description.rst.
+LANDING = f"{OUT}/report/description.rst"
+
+
+def report_description():
+    return os.path.abspath(LANDING) if os.path.exists(LANDING) else "workflow/report/description.rst"
+
+
+def landing_spec_json(wildcards=None):
+    seeds = sorted({c["seed"] for c in EXP["cells"]})
+    rounds = sorted({c["training"]["rounds"] for c in EXP["cells"]})
+    return json.dumps({"experiment": NAME, "rounds": ", ".join(map(str, rounds)), "seeds": seeds,
+                       "tuning": bool(EXP["tuning_cells"]), "paper": PAPER.paper.short if PAPER else None}, sort_keys=True)
+
+
 # clients whose representations are laid out by t-SNE after training (evaluation.embed_clients)
 EMBED_CLIENTS = EXP["cells"] and (EXP["cells"][0]["evaluation"].get("embed_clients") or [])
 
@@ -127,7 +143,7 @@ def final_outputs():
         + [f"{OUT}/plots/clients_{d}_{p}.png" for d, p in panels]
         + [f"{OUT}/plots/tsne_{d}_{p}.png" for d, p in panels if EMBED_CLIENTS]
         + [f"{shard_dir(d, p)}.png" for d, p in panels]
-        + [f"{OUT}/summary.json"]
+        + [f"{OUT}/summary.json", LANDING]
         + tuning_outputs()
     )
 

@@ -33,6 +33,7 @@ from ..methods import METHODS, Method, Update, payload_bytes, select, weighted_a
 from ..methods.base import Batch, FitResult  # the engine <-> method contract (re-exported here)
 from ..models import SplitModel, build_model
 from ..registry import show
+from ..progress import CellProgress
 from .data import AUGMENTATIONS, Client, Split, _normaliser
 from .vectorized import ClientFit, compiled_model, fit_many, vectorize_blocker
 
@@ -663,7 +664,7 @@ class Engine:
             done, history, per_round = resumed
             start = done + 1
             print(f"[fedrepro] resuming from the checkpoint after round {done}", file=sys.stderr)
-        bar = _progress(rounds, start - 1, self.progress)
+        bar = _progress(rounds, start - 1, self.progress, self.cell)
         for r in range(start, rounds + 1):
             self.round = r
             t1 = time.perf_counter()
@@ -681,7 +682,7 @@ class Engine:
                 record["train_loss"] = train_loss
                 history.append(record)
                 eval_time += time.perf_counter() - t2
-                bar.update(r, _headline(record, [len(c.test) for c in self.clients]), train_loss)
+                bar.update(r, _accuracies(record, [len(c.test) for c in self.clients]), train_loss)
             else:
                 bar.update(r, None, train_loss)
             if r % t["checkpoint_every"] == 0 and r < rounds:
@@ -742,29 +743,33 @@ class Engine:
 _NO_SCORE = (math.nan, math.nan)  # accuracy and F1 of a client left out (excluded by the untrained rule)
 
 
-def _headline(record: dict, test_sizes: list[int]) -> str:
+def _accuracies(record: dict, test_sizes: list[int]) -> dict[str, float]:
+    """The evaluated round's test accuracy (weighted over clients) per model kind."""
     stats = summaries(record, "test", test_sizes)
-    return ", ".join(f"{kind} acc {stats[f'{kind}_acc']['weighted_mean']:.4f}" for kind in ("global", "personal")
-                     if f"{kind}_acc" in stats and not math.isnan(stats[f"{kind}_acc"]["weighted_mean"]))
+    return {kind: stats[f"{kind}_acc"]["weighted_mean"] for kind in ("global", "personal")
+            if f"{kind}_acc" in stats and not math.isnan(stats[f"{kind}_acc"]["weighted_mean"])}
 
 
 class _progress:
     """Round progress with the current accuracy: a tqdm bar on a terminal, one line per
-    round in a log file (Snakemake logs are files)."""
+    round in a log file (Snakemake logs are files); under the workflow also a status file and
+    compact console lines (fedrepro.progress: side channels that never touch the results)."""
 
-    def __init__(self, total: int, initial: int, enabled: bool):
+    def __init__(self, total: int, initial: int, enabled: bool, cell: dict | None = None):
         self.total, self.enabled, self.last = total, enabled, ""
         self.bar = None
+        self.live = CellProgress(cell, total, initial)
         if enabled and sys.stderr.isatty():
             from tqdm import tqdm
 
             self.bar = tqdm(total=total, initial=initial, desc="rounds", file=sys.stderr)
 
-    def update(self, r: int, headline: str | None, loss: float) -> None:
+    def update(self, r: int, acc: dict[str, float] | None, loss: float) -> None:
+        self.live.update(r, acc, loss)
         if not self.enabled:
             return
-        if headline:
-            self.last = f"{headline} (evaluated at round {r})"
+        if acc:
+            self.last = ", ".join(f"{kind} acc {v:.4f}" for kind, v in acc.items()) + f" (evaluated at round {r})"
         text = f"loss {loss:.4f}" + (f", {self.last}" if self.last else "")
         if self.bar is not None:
             self.bar.set_postfix_str(text, refresh=False)
@@ -773,6 +778,7 @@ class _progress:
             print(f"[fedrepro] round {r}/{self.total}: {text}", file=sys.stderr, flush=True)
 
     def close(self) -> None:
+        self.live.close()
         if self.bar is not None:
             self.bar.close()
 

@@ -227,7 +227,9 @@ def curves_frame(cells: list[dict]) -> pd.DataFrame:
 
     Columns: dataset, partition, label, kind, seed, round, metric, stat, value. Model
     metrics have kind global/personal, metric acc/f1 and stat as in the summary; the
-    training loss has kind "train", metric "train_loss", stat "value". A round without a
+    training loss has kind "train", metric "train_loss", stat "value", at every round
+    (metrics.json `train_loss_per_round`; the evaluated rounds' `curves.train_loss` in files without
+    it). A round without a
     value (a column not scored there: `training.personal_eval_every`) has no row, so plots
     join the rounds that have one.
     """
@@ -239,8 +241,8 @@ def curves_frame(cells: list[dict]) -> pd.DataFrame:
         ident = cell_ident(cell)
         rounds = list(curves["round"])
 
-        def add(kind: str, metric: str, stat: str, values: Any) -> None:
-            scored = [(r, v) for r, v in zip(rounds, _series(values, len(rounds))) if not math.isnan(v)]
+        def add(kind: str, metric: str, stat: str, values: Any, at: list[int] = rounds) -> None:
+            scored = [(r, v) for r, v in zip(at, _series(values, len(at))) if not math.isnan(v)]
             if scored:
                 parts.append(pd.DataFrame({
                     "dataset": ident["dataset"], "partition": ident["partition"], "label": ident["label"],
@@ -252,7 +254,11 @@ def curves_frame(cells: list[dict]) -> pd.DataFrame:
             for m in METRICS:
                 for s in STATS:
                     add(kind, m, s, _get(curves, f"{kind}_{m}", s))
-        add("train", "train_loss", "value", curves.get("train_loss"))
+        per_round = cell.get("train_loss_per_round")
+        if isinstance(per_round, list) and per_round:
+            add("train", "train_loss", "value", per_round, list(range(1, len(per_round) + 1)))
+        else:
+            add("train", "train_loss", "value", curves.get("train_loss"))
     if not parts:
         return pd.DataFrame(columns=CURVE_COLUMNS)
     return pd.concat(parts, ignore_index=True)[CURVE_COLUMNS]
