@@ -12,6 +12,7 @@ DVC=${DVC:-.venv/bin/dvc}
 targets=()
 for d in results/raw/*/; do targets+=("${d%/}"); done
 targets+=(results/shards "results/$exp/runs" "results/$exp/plots" "results/$exp/tables")
+[ -d "results/$exp/report" ] && targets+=("results/$exp/report")  # the report's landing page (rule report_page)
 "$DVC" add "${targets[@]}"
 "$DVC" push
 git add -f "results/$exp/summary.json" "results/$exp/summary.csv" "results/$exp/curves.csv"
