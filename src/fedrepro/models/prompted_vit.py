@@ -211,6 +211,7 @@ def build_backbone(name: str, args: dict, weights: str) -> nn.Module:
                               "to 224)", bool),
     },
     inputs="images (C, H, W); resized on the device to the backbone's img_size",
+    input_dims=(3,),
 )
 def prompted_vit(sample_shape: Sequence[int], num_classes: int, backbone: str = "vit_base_patch16_224",
                  backbone_args: dict | None = None, weights: str = WEIGHTS_TIMM, num_prompts: int = 4, gc_net: bool = True,
