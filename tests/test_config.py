@@ -521,3 +521,10 @@ def test_a_resolved_cell_with_an_unset_optional_model_parameter_builds(base):
     cell = resolve_experiment(cfg)["cells"][0]
     assert cell["model"]["params"]["head_hidden"] is None
     assert build_model("resnet1d", (60,), 10, cell["model"]["params"]).head.out_features == 10
+
+
+def test_the_schema_itself_passes_the_strict_reader():
+    """No duplicate keys in the schema (a second `tuning:` block once shadowed the first unnoticed)."""
+    from fedrepro.configfile import read_config_file
+
+    assert "tuning" in read_config_file(ROOT / "src" / "fedrepro" / "schemas" / "experiment.schema.yaml")["properties"]
