@@ -379,6 +379,13 @@ BAD = [
         "num_classes_per_partition": 3, "partition_size": 2}}), ["partitions.pat2.params.partition_size", "value 2", "allowed", "3"]),
     ("label-quantity-more-clients-than-samples", _set("partitions/pat2", {"partitioner": "label_quantity", "num_clients": 1000}),
      ["partitions.pat2.num_clients", "1000", "allowed", "at most 898"]),
+    ("vit-resize-false-on-other-sides", _set("datasets/digits/model", {"name": "prompted_vit", "params": {
+        "backbone": "vit_tiny_patch16_224", "weights": "none", "resize": False, "backbone_args": {
+            "img_size": 16, "patch_size": 4, "embed_dim": 16, "depth": 1, "num_heads": 2}}}),
+     ["datasets.digits.model.params", "'resize': False", "allowed", "img_size (16, 16)", "(1, 8, 8)"]),
+    ("vit-backbone-args-timm-refuses", _set("datasets/digits/model", {"name": "prompted_vit", "params": {
+        "backbone": "vit_tiny_patch16_224", "weights": "none", "backbone_args": {"embed_dim": 16, "num_heads": 3}}}),
+     ["datasets.digits.model.params", "'num_heads': 3", "allowed", "divisible by num_heads"]),
     # options the chosen optimizer or schedule never reads (issue 24: never silently ignored)
     ("momentum-under-adam", _set("training/optimizer", {"name": "adam", "lr": 0.01, "momentum": 0.9}),
      ["training.optimizer.momentum", "0.9", "'adam'", "allowed", "weight_decay"]),

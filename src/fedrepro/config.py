@@ -295,14 +295,20 @@ def _check_partition_size(label: str, ds: str, dsinfo: dict, spec: dict) -> None
                           f"{n / k * train_share:.2f} of them for training)")
 
 
-def _check_model_input(where: str, name: str, ds: str, params: dict, default: bool = False) -> None:
-    """ConfigError unless model `name` takes the samples of dataset `ds` (shape and rank, models.input_problem)."""
+def _check_model_input(where: str, name: str, ds: str, params: dict, model_params: dict, given: dict | None,
+                       default: bool = False) -> None:
+    """ConfigError unless model `name` with `model_params` takes the samples of dataset `ds` with `params`
+    (rank and sides, then what the model's own check says of its parameters: models.input_problem)."""
     shape = sample_shape(ds, params)
     problem = input_problem(name, shape)
     if problem:
         fits = [m for m in MODELS.names() if input_problem(m, shape) is None]
         raise ConfigError(f"config key '{where}.name' has value {name!r}{f' (the default for {ds})' if default else ''}; "
                           f"allowed: a model that takes {ds}'s samples of shape {shape}: {', '.join(fits)} ({problem})")
+    problem = input_problem(name, shape, {**model_params, "weights": "none"})  # the weights are checked by the job that loads them
+    if problem:
+        raise ConfigError(f"config key '{where}.params' has value {show(given or {})}; allowed: parameters with which "
+                          f"'{name}' takes {ds}'s samples of shape {shape} ({problem})")
 
 
 def _model_params(where: str, model: dict) -> dict:
@@ -333,7 +339,8 @@ def resolve_experiment(config: dict) -> dict[str, Any]:
         params = resolve_params(f"config key 'datasets.{ds}.params'", spec.params, entry.get("params"))
         model = entry.get("model") or {"name": DEFAULT_MODELS.get(ds, "mlp")}
         model_params = _model_params(f"datasets.{ds}.model", model)
-        _check_model_input(f"datasets.{ds}.model", model["name"], ds, params, default=not entry.get("model"))
+        _check_model_input(f"datasets.{ds}.model", model["name"], ds, params, model_params, model.get("params"),
+                           default=not entry.get("model"))
         pretrained = None
         if model_params.get("weights") == PROXY_WEIGHTS:  # a backbone pre-trained once on the dataset's proxy (models/pretrain.py)
             pretrained = pretrain_spec(ds, params, {"params": model_params}, model.get("pretrain"), f"datasets.{ds}.model")
@@ -395,7 +402,8 @@ def resolve_experiment(config: dict) -> dict[str, Any]:
         for label, (method, hp, method_training, own_model) in methods.items():
             model = own_model or datasets[ds]["model"]
             if own_model:
-                _check_model_input(f"methods.{label}.model", own_model["name"], ds, datasets[ds]["params"])
+                _check_model_input(f"methods.{label}.model", own_model["name"], ds, datasets[ds]["params"], own_model["params"],
+                                   config["methods"][label]["model"].get("params"))
             METHODS.get(method).check_cell(f"methods.{label}", hp, model, part["spec"])
             # precedence: experiment < dataset < method; an error names the most specific key given
             training = _merge(_merge(base_training, datasets[ds]["training"]), method_training)

@@ -219,11 +219,11 @@ def resnet32_cifar(sample_shape: Sequence[int], num_classes: int, head_hidden: i
     return SplitModel(nn.Sequential(*layers), fc_head(64, num_classes, head_hidden), 64)
 
 
-def input_problem(name: str, sample_shape: Sequence[int]) -> str | None:
+def input_problem(name: str, sample_shape: Sequence[int], params: dict | None = None) -> str | None:
     """Why model `name` cannot take samples of `sample_shape` (its registry entry's `input_dims`, the
     sample dimensions it accepts, and `min_side`, the smallest spatial side its layers leave a
-    pixel of); None where it can. Decided without building the model (tests/test_config.py checks
-    it against a forward pass)."""
+    pixel of; with resolved `params`, also its `input_check(sample_shape, params)`); None where it
+    can. Decided without training the model (tests/test_config.py checks it against a forward pass)."""
     info = MODELS.entry(name).info
     shape = tuple(sample_shape)
     dims = info.get("input_dims")
@@ -232,7 +232,8 @@ def input_problem(name: str, sample_shape: Sequence[int]) -> str | None:
     side = info.get("min_side", 1)
     if len(shape) == 3 and min(shape[1:]) < side:
         return f"model '{name}' takes {info['inputs']}: its layers need sides >= {side}, not samples of shape {shape}"
-    return None
+    check = info.get("input_check")
+    return check(shape, params) if check and params is not None else None
 
 
 def build_model(name: str, sample_shape: Sequence[int], num_classes: int, params: dict | None = None) -> SplitModel:
