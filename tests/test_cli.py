@@ -201,3 +201,15 @@ def test_an_unexpected_error_keeps_its_traceback(monkeypatch, misuse_paths):
     monkeypatch.setattr(run, "train_cell", broken)
     with pytest.raises(ZeroDivisionError):
         main(["train", "--cell", misuse_paths["cell"], "--shards", misuse_paths["shards"], "--out-dir", misuse_paths["d"] + "/o"])
+
+
+def test_a_cuda_device_without_a_gpu_is_refused_before_any_work(misuse_paths, capsys):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is visible here")
+    rc = main(["train", "--cell", misuse_paths["cell"], "--shards", misuse_paths["shards"], "--out-dir",
+               misuse_paths["d"] + "/o", "--device", "cuda:0"])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.strip() == ("fedrepro train: error: argument --device: 'cuda:0': no CUDA device is visible; "
+                                       "allowed: auto, cpu")

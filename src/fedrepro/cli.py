@@ -148,19 +148,8 @@ def cmd_plot_partition(args) -> None:
 def cmd_train(args) -> None:
     from .engine.run import train_cell
 
-    from .data.shards import read_manifest
-
     cell = args.cell
-    check.check_cell(cell)
-    if args.device.startswith("cuda"):
-        import torch
-
-        if not torch.cuda.is_available():
-            raise ConfigError(f"argument --device: {args.device!r}: no CUDA device is visible; allowed: auto, cpu")
-    pid = read_manifest(args.shards).get("partition_id")
-    if pid != cell["partition_id"]:
-        raise ConfigError(f"argument --shards: {args.shards!r} holds partition {pid}, not the cell's partition "
-                          f"{cell['partition_id']}; allowed: the cell's partition folder")
+    check.train_inputs(cell, args.shards, args.device)  # before any data is loaded
     if cell.get("tuned") and not args.tuned:
         raise ConfigError("the cell's hyper-parameters are tuned: pass --tuned <the select rule's JSON>")
     if args.tuned:

@@ -196,6 +196,24 @@ CELL_KEYS = ("experiment", "dataset", "partition", "partition_id", "method", "la
              "training", "evaluation")
 
 
+def train_inputs(cell: dict, shards: str, device_name: str) -> None:
+    """`fedrepro train`'s arguments together, before any data is loaded: the cell (check_cell), its
+    partition against the one in --shards, and a CUDA --device against the visible GPUs."""
+    from .data.shards import read_manifest
+    from .registry import ConfigError
+
+    check_cell(cell)
+    pid = read_manifest(shards).get("partition_id")
+    if pid != cell["partition_id"]:
+        raise ConfigError(f"argument --shards: {shards!r} holds partition {pid}, not the cell's partition "
+                          f"{cell['partition_id']}; allowed: the cell's partition folder")
+    if device_name.startswith("cuda"):
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ConfigError(f"argument --device: {device_name!r}: no CUDA device is visible; allowed: auto, cpu")
+
+
 def check_cell(cell: dict) -> None:
     """ConfigError (a one-line usage error) for a --cell that is not a resolved cell: missing keys, or a
     method, model or dataset the registries do not know. The training setup itself was resolved by
