@@ -404,6 +404,12 @@ BAD = [
      ["training.lr_schedule.gamma", "0.5", "values", "allowed"]),
     ("milestone-after-last-round", _set("training/lr_schedule", {"name": "multistep", "milestones": [1, 3]}),
      ["training.lr_schedule.milestones", "[1, 3]", "allowed", "below", "(3)"]),
+    ("multistep-values-not-from-lr", _set("training/lr_schedule", {"name": "multistep", "milestones": [1], "values": [0.1, 0.01]}),
+     ["training.lr_schedule.values", "[0.1, 0.01]", "allowed", "values[0] equal to", "(0.05)"]),
+    ("tuning-lr-grid-under-multistep-values", _all(
+        _set("training/lr_schedule", {"name": "multistep", "milestones": [1], "values": [0.05, 0.01]}),
+        _set("tuning", {"methods": {"fedavg_ft": {"ft_epochs": [1, 2]}}})),
+     ["tuning.lr", "method label", "[0.05, 0.01]", "allowed", "gamma"]),
     ("min-lr-above-lr", _set("training/lr_schedule", {"name": "cosine", "min_lr": 0.1}),
      ["training.lr_schedule.min_lr", "0.1", "allowed", "below", "0.05"]),
 ]

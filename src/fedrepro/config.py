@@ -208,6 +208,10 @@ def _check_schedule_reach(blocks: list[tuple[str, dict | None]], t: dict, where:
     after the last round (never applies; a tuning trial's fewer rounds excepted) or a cosine min_lr
     the user set at or above the lr."""
     s, lr = t["lr_schedule"], t["optimizer"]["lr"]
+    if s["name"] == "multistep" and s["values"] and s["values"][0] != lr:
+        raise ConfigError(f"config key '{where}.lr_schedule.values' has value {show(s['values'])}; allowed: values[0] equal to "
+                          f"'{where}.optimizer.lr' ({lr}): the values replace the lr, whose value would otherwise be ignored "
+                          "(or gamma, which scales it)")
     late = [m for m in s["milestones"] if m >= t["rounds"]]
     if s["name"] == "multistep" and late and not trial:
         raise ConfigError(f"config key '{where}.lr_schedule.milestones' has value {show(s['milestones'])}; allowed: rounds below "
@@ -471,6 +475,11 @@ def _tuning_cells(tuning: dict, cells: list[dict], base_training: dict, datasets
                   (f"methods.{label}.training", methods[label][2]), (where, tuning["training"])]
         t = resolve_training(override, where, spec["num_clients"] - spec["unseen_clients"], blocks, trial=True)
         _check_training_budget(where, t)
+        if len(set(plan["space"].get("lr") or [])) > 1 and t["lr_schedule"]["name"] == "multistep" and t["lr_schedule"]["values"]:
+            raise ConfigError(f"config key 'tuning.lr' has value {show(plan['space']['lr'])} for method label '{label}', whose "
+                              f"lr_schedule.values {show(t['lr_schedule']['values'])} replace the lr (every trial would train "
+                              "alike); allowed: lr_schedule gamma (which scales the tuned lr) or one lr (tuning.lr: "
+                              "[values[0]])")
         for trial in plan["trials"]:
             for seed in tuning["seeds"]:
                 # (the values were checked against the method's parameters in fedrepro.tuning)
