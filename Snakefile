@@ -15,15 +15,17 @@ if not workflow.overwrite_configfiles:
     configfile: f"{workflow.basedir}/config/config.yaml"
 
 
-report: "workflow/report/description.rst"
-
-
 include: "workflow/rules/common.smk"
 include: "workflow/rules/data.smk"
 include: "workflow/rules/tuning.smk"
 include: "workflow/rules/train.smk"
 include: "workflow/rules/aggregate.smk"
 include: "workflow/rules/papers.smk"
+
+
+# The landing page of `snakemake --report`: the main table and the learning curves (the
+# report_page rule writes it with the results; the static text until then).
+report: report_description()
 
 
 rule all:

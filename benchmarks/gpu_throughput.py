@@ -12,7 +12,8 @@ Data and protocol: Fashion-MNIST, PFLlib's Dir(0.1) partition (the partition of
 benchmarks/parity_pfllib.py: `dirichlet`, self-balancing, min_partition_size 40, seed 1,
 pooled, unstratified 75/25 split) into 20 and 100 clients, optionally every client cut to
 `--fraction` of its data class by class; model fedavg_cnn; every client every round, one
-local epoch, batch 10 and 64 with drop_last, SGD lr 0.005.
+local epoch, batch 10 and 64 with drop_last, SGD lr 0.005. `--dataset digits` runs the same
+protocol on scikit-learn's digits with an MLP (a quick check of the script, no download).
 
 Rows, all in one process on the same device and client tensors:
 * engine/<path>: the engine's round loop (`Engine.run`, evaluation only after the last
@@ -24,6 +25,8 @@ Rows, all in one process on the same device and client tensors:
   false`: the default layout, which was the CPU default before "auto"; every other path uses
   the default "auto" = NHWC on the CPU, the default layout on a GPU). A warm-up round (it compiles
   where compiling) is run first and not timed, for every path.
+  peak_round_mb / before_round_mb: on CUDA, the peak memory allocated during the warm-up round
+  and what was allocated before it (client data, model, server state); NaN on the CPU.
 * centralized: a plain loop over the pooled train data of all clients, same model, batch
   size and optimizer: the throughput the hardware gives this model at this batch size.
 * ratio = engine samples/s / centralized samples/s (goal on a GPU at batch 10: >= 3 for
@@ -55,7 +58,6 @@ benchmarks/parity_pfllib.py into <work>/pfllib/dataset/FashionMNIST_fedrepro_<pa
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 import threading
@@ -76,11 +78,14 @@ from fedrepro.data.shards import load_partition, write_partition  # noqa: E402
 from fedrepro.engine.data import load_clients  # noqa: E402
 from fedrepro.engine.engine import Engine, use_layout  # noqa: E402
 from fedrepro.engine.run import pick_device, set_determinism  # noqa: E402
-from fedrepro.io import derive_seed  # noqa: E402
+from fedrepro.io import derive_seed, write_json_atomic  # noqa: E402
 from fedrepro.models import build_model  # noqa: E402
 
 PATHS = {"sequential": {}, "vectorized": {"vectorize": True}, "compiled": {"compile": True},
          "channels_last": {"channels_last": True}, "nchw": {"channels_last": False}}
+#: The model of each dataset the benchmark runs: PFLlib's CNN on Fashion-MNIST; on digits (8x8
+#: images, bundled with scikit-learn: the quick CPU mode of benchmarks/gpu_check.sh) an MLP.
+MODELS = {"fmnist": {"name": "fedavg_cnn"}, "digits": {"name": "mlp", "params": {"hidden": [64]}}}
 SYNC_EVENTS = ("cudaDeviceSynchronize", "cudaStreamSynchronize", "cudaMemcpy", "cudaEventSynchronize")
 
 
@@ -90,9 +95,9 @@ def sync(device: torch.device) -> None:
 
 
 def experiment(clients: int, fraction: float, batch: int, rounds: int, method: str = "fedavg", hparams: dict | None = None,
-               **training) -> dict:
+               dataset: str = "fmnist", **training) -> dict:
     return resolve_experiment({
-        "experiment": "throughput", "datasets": {"fmnist": {"model": {"name": "fedavg_cnn"}}},
+        "experiment": "throughput", "datasets": {dataset: {"model": MODELS[dataset]}},
         "partitions": {"pfllib_dir0.1": partition_config(clients, fraction)},
         "methods": {method: {"method": method, "hparams": hparams or {}}}, "seeds": [0],
         "training": {**FEDREPRO_TRAINING, "rounds": rounds, "batch_size": batch, "eval_every": 10**6, **training},
@@ -100,12 +105,12 @@ def experiment(clients: int, fraction: float, batch: int, rounds: int, method: s
 
 
 def partition(args, clients: int) -> tuple[dict, list]:
-    part = experiment(clients, args.fraction, 10, 1)["partitions"][0]
+    part = experiment(clients, args.fraction, 10, 1, dataset=args.dataset)["partitions"][0]
     out = args.work / "shards" / part["id"]
     if not (out / "manifest.json").exists():
-        root = Path(args.raw_root or args.work / "raw" / "fmnist")
-        prepare_dataset("fmnist", root)
-        write_partition(load_dataset("fmnist", root), part["spec"], out)
+        root = Path(args.raw_root or args.work / "raw" / args.dataset)
+        prepare_dataset(args.dataset, root)
+        write_partition(load_dataset(args.dataset, root), part["spec"], out)
     return load_partition(out)
 
 
@@ -161,14 +166,14 @@ def profile_split(fn, device: torch.device) -> dict[str, float]:
 
 
 def engine_row(args, manifest, shards, device, clients: int, batch: int, path: str) -> dict:
-    cell = experiment(clients, args.fraction, batch, args.rounds, **PATHS[path])["cells"][0]
+    cell = experiment(clients, args.fraction, batch, args.rounds, dataset=args.dataset, **PATHS[path])["cells"][0]
     data = load_clients(manifest, shards, device)
     n_train = sum(c.num_train - (c.num_train % batch if c.num_train >= batch else 0) for c in data)  # drop_last
     engine = Engine(cell, manifest, data, device, progress=False)
     engine.method.setup()
     engine.round = 1
     warm = lambda: engine.method.aggregate(engine.train_round(1)[0])
-    warm()  # warm-up (compilation, allocator): not timed
+    memory = round_memory(warm, device)  # the warm-up round (compilation, allocator): not timed
     split = profile_split(warm, device)
     # The timed run reuses the warmed-up engine (its compiled model object, allocator): FedAvg
     # keeps no client state, and run() restarts the server from the model's current parameters.
@@ -180,7 +185,21 @@ def engine_row(args, manifest, shards, device, clients: int, batch: int, path: s
         split["kernels_s"] / split["wall_s"] if device.type == "cuda" else math.nan)
     return {"row": f"engine/{path}", "clients": clients, "batch": batch, "rounds_per_s": args.rounds / train_s,
             "samples_per_s": n_train * args.rounds / train_s, "eval_s": res["eval_time_s"], "busy": busy_frac,
-            "vectorized": engine.vectorized, **split}
+            "vectorized": engine.vectorized, **memory, **split}
+
+
+def round_memory(run_round, device: torch.device) -> dict[str, float]:
+    """GPU memory of one round (`run_round()`): allocated before it (the clients' data, the model,
+    the server state) and the peak while it ran (NaN on the CPU)."""
+    if device.type != "cuda":
+        run_round()
+        return {"before_round_mb": math.nan, "peak_round_mb": math.nan}
+    sync(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    before = torch.cuda.memory_allocated(device)
+    run_round()
+    sync(device)
+    return {"before_round_mb": before / 2**20, "peak_round_mb": torch.cuda.max_memory_allocated(device) / 2**20}
 
 
 def central_row(args, manifest, shards, device, clients: int, batch: int) -> dict:
@@ -188,7 +207,8 @@ def central_row(args, manifest, shards, device, clients: int, batch: int) -> dic
     x = torch.cat([c.train.x for c in data])
     y = torch.cat([c.train.y for c in data])
     torch.manual_seed(0)
-    model = use_layout(build_model("fedavg_cnn", manifest["sample_shape"], manifest["num_classes"]).to(device),
+    spec = MODELS[args.dataset]
+    model = use_layout(build_model(spec["name"], manifest["sample_shape"], manifest["num_classes"], spec.get("params")).to(device),
                        "auto", device)  # the engine's default layout on this device
     opt = torch.optim.SGD(model.parameters(), lr=FEDREPRO_TRAINING["optimizer"]["lr"])
     g = torch.Generator().manual_seed(derive_seed(0, "central"))
@@ -271,7 +291,8 @@ def instrument(device: torch.device):
 
 
 def split_row(args, manifest, shards, device, clients: int, batch: int, method: str, path: str) -> dict:
-    cell = experiment(clients, args.fraction, batch, args.rounds, method=method, eval_every=1, **PATHS[path])["cells"][0]
+    cell = experiment(clients, args.fraction, batch, args.rounds, method=method, eval_every=1, dataset=args.dataset,
+                      **PATHS[path])["cells"][0]
     engine = Engine(cell, manifest, load_clients(manifest, shards, device), device, progress=False)
     with instrument(device) as times:
         t0 = time.perf_counter()
@@ -306,7 +327,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--split", nargs="+", default=None, metavar="METHOD", help="per-method time split instead")
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--work", type=Path, default=Path("/tmp/fedrepro-throughput"))
-    ap.add_argument("--raw-root", default=None, help="Fashion-MNIST raw folder (default <work>/raw/fmnist)")
+    ap.add_argument("--dataset", default="fmnist", choices=list(MODELS),
+                    help="fmnist (the benchmark) or digits (scikit-learn's: a quick check of the script)")
+    ap.add_argument("--raw-root", default=None, help="the dataset's raw folder (default <work>/raw/<dataset>)")
     ap.add_argument("--json", type=Path, default=None, help="also write the rows here")
     args = ap.parse_args(argv)
     if args.threads:
@@ -318,6 +341,11 @@ def main(argv: list[str] | None = None) -> None:
     print(f"device {device} ({name}), torch {torch.__version__}, threads {torch.get_num_threads()}, "
           f"fraction {args.fraction}, {args.rounds} rounds per row", file=sys.stderr)
     rows = []
+
+    def save(partial: list[dict]) -> None:  # after every row: a run stopped at a time limit keeps its rows
+        if args.json:
+            write_json_atomic(args.json, {"device": name, "args": {k: str(v) for k, v in vars(args).items()}, "rows": partial})
+
     for clients in args.clients:
         manifest, shards = partition(args, clients)
         for batch in args.batch:
@@ -332,6 +360,7 @@ def main(argv: list[str] | None = None) -> None:
                 row = engine_row(args, manifest, shards, device, clients, batch, path)
                 row["ratio_to_central"] = row["samples_per_s"] / central["samples_per_s"]
                 rows.append(row)
+                save(rows + [central])
                 print(f"[throughput] {row['row']} clients {clients} batch {batch}: {row['rounds_per_s']:.3g} rounds/s",
                       file=sys.stderr)
             rows.append(central)
@@ -340,13 +369,11 @@ def main(argv: list[str] | None = None) -> None:
         keys += sorted({k for r in rows for k in r if k.endswith(" s")})
     else:
         keys = ["row", "clients", "batch", "rounds_per_s", "samples_per_s", "ratio_to_central", "busy", "eval_s",
-                "wall_s", "kernels_s", "syncs_s", "host_s"]
+                "peak_round_mb", "before_round_mb", "wall_s", "kernels_s", "syncs_s", "host_s"]
     print(f"device: {name}; split columns: one profiled round (wall = kernels + syncs + host on the CPU; on a GPU "
           "kernels run beside the host)")
     print(table(rows, keys))
-    if args.json:
-        args.json.write_text(json.dumps({"device": name, "args": {k: str(v) for k, v in vars(args).items()}, "rows": rows},
-                                        indent=1))
+    save(rows)
 
 
 if __name__ == "__main__":

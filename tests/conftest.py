@@ -16,6 +16,17 @@ from fedrepro.data.shards import write_partition
 
 REPO = Path(__file__).resolve().parents[1]
 
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked `cuda` are collected everywhere (CI too) and skipped where no CUDA GPU is
+    visible; benchmarks/gpu_check.sh runs them on one (docs/gpu.md)."""
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU (run by benchmarks/gpu_check.sh, docs/gpu.md)")
+    for item in items:
+        if item.get_closest_marker("cuda") is not None:
+            item.add_marker(skip)
+
 # Tiny models on 2 shared cores: one thread avoids oversubscription (much faster here).
 torch.set_num_threads(1)
 
@@ -97,9 +108,9 @@ def fit_cell_to_method(cell: dict, name: str) -> dict:
     return cell
 
 
-def method_engine(tiny_partition, make_cell, name: str, hparams: dict | None = None, **training):
-    """An Engine on the tiny partition running method `name` with its defaults overlaid by
-    `hparams` (the method tests' common setup)."""
+def method_engine(tiny_partition, make_cell, name: str, hparams: dict | None = None, *, device: str = "cpu", **training):
+    """An Engine on the tiny partition (its tensors on `device`) running method `name` with its
+    defaults overlaid by `hparams` (the method tests' common setup)."""
     from fedrepro.engine.data import load_clients
     from fedrepro.engine.engine import Engine
     from fedrepro.data.shards import load_partition
@@ -111,7 +122,8 @@ def method_engine(tiny_partition, make_cell, name: str, hparams: dict | None = N
     if METHODS.get(name).models:  # the tiny model of the capability the method needs
         cell["model"] = copy.deepcopy(TINY_MODELS[METHODS.get(name).models[0]])
     manifest, shards = load_partition(tiny_partition[0])
-    return Engine(cell, manifest, load_clients(manifest, shards, torch.device("cpu")), torch.device("cpu"), progress=False)
+    dev = torch.device(device)
+    return Engine(cell, manifest, load_clients(manifest, shards, dev), dev, progress=False)
 
 
 def kill_in_round_3_and_resume(monkeypatch, method: str, train, ckpt: Path, out_dir: Path | None = None) -> dict:

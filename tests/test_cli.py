@@ -40,7 +40,7 @@ def test_list_prints_every_entry_with_parameters_and_defaults(capsys, what, regi
 
 
 def test_validate_exit_codes(capsys, tmp_path):
-    assert main(["validate", str(REPO / "config" / "config.yaml"), str(REPO / "config" / "test.yaml")]) == 0
+    assert main(["validate", "--each", str(REPO / "config" / "config.yaml"), str(REPO / "config" / "test.yaml")]) == 0
     assert "12 cell(s)" in capsys.readouterr().out
     bad = tmp_path / "bad.yaml"
     bad.write_text((REPO / "config" / "test.yaml").read_text().replace("fedavg: {}", "fedavg: {hparams: {mu: 0.1}}"))
@@ -128,6 +128,16 @@ MISUSE = [
     ("paper-figure-out-a-directory", ["paper-figure", "--published", "{file}", "--spec", "{{}}", "--out", "{dir}"], "--out"),
     ("select-spec-a-list", ["select", "--spec", "[]", "--out", "{d}/sel.json"], "--spec"),
     ("tuning-report-selection-missing", ["tuning-report", "{missing}", "--table", "{d}/t"], "selections"),
+    ("status-results-a-file", ["status", "{file}"], "results"),
+    ("status-watch-not-a-number", ["status", "{dir}", "--watch", "abc"], "--watch"),
+    ("report-page-summary-missing", ["report-page", "--summary", "{missing}", "--spec", "{{}}", "--out", "{d}/p.rst"],
+     "--summary"),
+    ("report-page-spec-not-json", ["report-page", "--summary", "{file}", "--spec", "x", "--out", "{d}/p.rst"], "--spec"),
+    ("train-cell-id-without-config", ["train", "--cell-id", "digits/dir/fedavg/seed0"], "--cell-id"),
+    ("train-cell-and-cell-id", ["train", "--cell", "{cell}", "--cell-id", "digits/dir/fedavg/seed0", "--shards", "{shards}",
+                                "--out-dir", "{d}/o"], "--cell"),
+    ("train-cell-id-not-an-id", ["train", "{config}", "--cell-id", "no id"], "--cell-id"),
+    ("train-cell-id-unknown-cell", ["train", "{config}", "--cell-id", "digits/dir0.5/nomethod/seed0"], "--cell-id"),
     ("pretrain-backbone-threads-0", ["pretrain-backbone", "--spec", "{{}}", "--root", "{d}/raw", "--out", "{d}/b.pt",
                                      "--threads", "0"], "--threads"),
 ]
@@ -148,7 +158,7 @@ def misuse_paths(tmp_path, tiny_partition, make_cell):
     os.mkfifo(tmp_path / "fifo")
     cell = make_cell("fedavg")
     return {
-        "d": str(tmp_path), "dir": str(tmp_path / "adir"), "file": str(tmp_path / "afile.txt"),
+        "config": str(REPO / "config" / "test.yaml"), "d": str(tmp_path), "dir": str(tmp_path / "adir"), "file": str(tmp_path / "afile.txt"),
         "empty": str(tmp_path / "empty.yaml"), "binary": str(tmp_path / "binary.yaml"), "missing": str(tmp_path / "nope.yaml"),
         "json_list": str(tmp_path / "list.json"), "json_object": str(tmp_path / "object.json"), "fifo": str(tmp_path / "fifo"),
         "shards": str(shards), "cell": json.dumps(cell), "cell_bad_method": json.dumps({**cell, "method": "nomethod"}),

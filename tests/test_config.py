@@ -412,6 +412,13 @@ BAD = [
      ["tuning.lr", "method label", "[0.05, 0.01]", "allowed", "gamma"]),
     ("min-lr-above-lr", _set("training/lr_schedule", {"name": "cosine", "min_lr": 0.1}),
      ["training.lr_schedule.min_lr", "0.1", "allowed", "below", "0.05"]),
+    # ---- sweeps (methods.<label>.sweep)
+    ("sweep-no-values", _set("methods/fedavg_ft/sweep", {"hparams.ft_epochs": []}),
+     ["methods.fedavg_ft.sweep.hparams.ft_epochs", "[]", "allowed", "non-empty list"]),
+    ("sweep-not-an-entry-key", _set("methods/fedavg_ft/sweep", {"hparam.ft_epochs": [1, 2]}),
+     ["methods.fedavg_ft.sweep.hparam.ft_epochs", "allowed", "hparams, training, model"]),
+    ("sweep-value-not-a-name", _set("methods/fedavg_ft/sweep", {"training.global_test": [["union"]]}),
+     ["methods.fedavg_ft.sweep.training.global_test", "['union']", "allowed", "numbers, booleans, null or names"]),
 ]
 
 

@@ -437,9 +437,11 @@ def test_no_two_jobs_of_the_dag_write_the_same_file(tmp_path, configfile):
 
 def test_atomic_writes_use_unique_temporary_names_beside_the_target():
     source = (REPO / "src" / "fedrepro" / "io.py").read_text()
-    assert re.search(r"tempfile\.mkstemp\(prefix=f\"\.\{path\.name\}\.\", suffix=\"\.tmp\", dir=path\.parent\)", source)
+    # unique names (mkstemp / mkdtemp) that carry the creator's host and pid, so dead ones can be cleaned
+    assert 'tempfile.mkstemp(prefix=tmp_prefix(path.name), suffix=".tmp", dir=path.parent)' in source
+    assert "tempfile.mkdtemp(prefix=tmp_prefix(name), suffix=suffix, dir=parent)" in source
     assert "os.replace(tmp_path, path)" in source
-    assert "tempfile.mkdtemp(prefix=f\".{out_dir.name}.\", dir=out_dir.parent)" in (REPO / "src" / "fedrepro" / "data" / "shards.py").read_text()
+    assert "tmp_dir = staging_dir(out_dir.parent, out_dir.name)" in (REPO / "src" / "fedrepro" / "data" / "shards.py").read_text()
     # Nowhere else is a temporary name built by hand (a fixed "<name>.tmp" would collide),
     # except the download staging folders of data/domains/: they live in
     # results/raw/<dataset>/, which only that dataset's single prepare_data job writes
@@ -495,3 +497,204 @@ def test_atomic_writes_are_readable_by_collaborators(tmp_path):
     os.umask(mask)
     write_text_atomic(tmp_path / "metrics.json", "{}")
     assert (tmp_path / "metrics.json").stat().st_mode & 0o777 == 0o666 & ~mask
+
+
+# ----------------------------------------------------------------------------- checkpoints
+
+
+def _genuine_checkpoint(cell: dict, shards: Path, path: Path, monkeypatch) -> dict:
+    """A real checkpoint of `cell` after its round 1 (the run stopped in round 2): its state."""
+    import torch
+
+    from fedrepro.engine.run import train_cell
+    from fedrepro.methods import METHODS
+
+    cls = METHODS.get(cell["method"])
+    original = cls.aggregate
+
+    def stop_in_round_2(self, updates):
+        if self.engine.round == 2:
+            raise KeyboardInterrupt("simulated kill")
+        return original(self, updates)
+
+    with monkeypatch.context() as m:
+        m.setattr(cls, "aggregate", stop_in_round_2)
+        with pytest.raises(KeyboardInterrupt):
+            train_cell(cell, shards, path.parent / "unused", checkpoint=path, progress=False)
+    return torch.load(path, weights_only=True)
+
+
+def _damage(kind: str, path: Path, state: dict, other_cell_state: dict) -> None:
+    import datetime
+    import pickle
+
+    import torch
+
+    if kind == "truncated":
+        path.write_bytes(path.read_bytes()[:200])
+    elif kind == "directory":
+        path.unlink()
+        (path / "inside").mkdir(parents=True)
+    elif kind == "pickle":  # a plain pickle of a non-tensor object: refused by weights_only=True
+        path.write_bytes(pickle.dumps({"round": 1, "when": datetime.date(2024, 1, 1)}))
+    elif kind == "empty_history":
+        torch.save(state | {"history": []}, path)
+    elif kind in ("round_0", "round_beyond"):
+        torch.save(state | {"round": 0 if kind == "round_0" else 3}, path)
+    elif kind == "foreign":  # another seed's genuine checkpoint, copied over this cell's
+        torch.save(other_cell_state, path)
+    elif kind == "other_shards":  # this cell, but trained on other shards
+        torch.save(state | {"identity": state["identity"] | {"manifest_hash": "0" * 64}}, path)
+    elif kind == "older_format":  # before identities: only the cell key (what was believed before)
+        torch.save({"cell_key": state["identity"]["cell_key"]} | {k: v for k, v in state.items() if k != "identity"}, path)
+
+
+CORRUPTIONS = ["truncated", "directory", "pickle", "empty_history", "round_0", "round_beyond", "foreign", "other_shards",
+               "older_format"]
+
+
+@pytest.fixture(scope="module")
+def checkpoint_states(tiny_partition, tmp_path_factory):
+    """Genuine checkpoints (after round 1 of 3) of the fedavg cell, seeds 0 and 1, and seed 0's fresh metrics."""
+    from fedrepro.engine.run import train_cell
+
+    from conftest import tiny_config as unit_config
+
+    shards = tiny_partition[0]
+    cell = next(c for c in resolve_experiment(unit_config(rounds=3, checkpoint_every=1, eval_every=1))["cells"]
+                if c["label"] == "fedavg")
+    cells = [cell | {"seed": seed} for seed in (0, 1)]
+    mp = pytest.MonkeyPatch()
+    tmp = tmp_path_factory.mktemp("ckpts")
+    try:
+        states = [_genuine_checkpoint(c, shards, tmp / f"seed{c['seed']}.pt", mp) for c in cells]
+    finally:
+        mp.undo()
+    fresh = train_cell(cells[0], shards, tmp / "fresh", progress=False)
+    return cells[0], states, fresh
+
+
+@pytest.mark.parametrize("kind", CORRUPTIONS)
+def test_a_damaged_or_foreign_checkpoint_is_moved_aside_and_the_cell_trains_from_round_0(
+        tiny_partition, checkpoint_states, tmp_path, capfd, kind):
+    """Before: a foreign checkpoint with a matching cell key was believed (its rounds skipped), a
+    corrupt one failed every retry with torch's traceback. Now each is renamed aside with one
+    warning naming it and why, and the cell's metrics equal a fresh run's."""
+    import torch
+
+    from fedrepro.engine.run import train_cell
+
+    cell, (state, other), fresh = checkpoint_states
+    ckpt = tmp_path / "ckpt.pt"
+    torch.save(state, ckpt)
+    _damage(kind, ckpt, state, other)
+    capfd.readouterr()
+    metrics = train_cell(cell, tiny_partition[0], tmp_path / "out", checkpoint=ckpt, progress=False)
+    err = capfd.readouterr().err
+    warnings = [line for line in err.splitlines() if "warning: checkpoint" in line]
+    assert len(warnings) == 1 and str(ckpt) in warnings[0] and "moved aside" in warnings[0], err
+    assert "Traceback" not in err and "weights_only=False" not in err and "resuming" not in err
+    assert metrics["resources"]["resumed_from_round"] == 0
+    assert strip_timing(metrics) == strip_timing(fresh)
+    aside = [p.name for p in tmp_path.iterdir() if p.name.startswith("ckpt.pt.rejected-")]
+    assert len(aside) == 1 and not os.path.lexists(ckpt)  # kept for inspection; the finished cell removed its own
+
+
+def test_a_genuine_checkpoint_is_still_resumed_from(tiny_partition, checkpoint_states, tmp_path, capfd):
+    import torch
+
+    from fedrepro.engine.run import train_cell
+
+    cell, (state, _), fresh = checkpoint_states
+    ckpt = tmp_path / "ckpt.pt"
+    torch.save(state, ckpt)
+    metrics = train_cell(cell, tiny_partition[0], tmp_path / "out", checkpoint=ckpt, progress=False)
+    assert "resuming from the checkpoint after round 1" in capfd.readouterr().err
+    assert metrics["resources"]["resumed_from_round"] == 1
+    assert strip_timing(metrics) == strip_timing(fresh)
+
+
+# ----------------------------------------------------------------------------- full disk, simulated
+
+
+def _enospc_after(limit: int):
+    """A write() that takes `limit` bytes, then fails as a full disk does."""
+    import errno
+
+    written = {"n": 0}
+
+    def write(fh_write):
+        def inner(data):
+            if written["n"] + len(data) > limit:
+                raise OSError(errno.ENOSPC, "No space left on device")
+            written["n"] += len(data)
+            return fh_write(data)
+        return inner
+    return write
+
+
+@pytest.mark.parametrize("how", ["oserror", "torch_runtime_error"])
+def test_full_disk_while_writing_a_checkpoint_is_the_documented_message(tiny_partition, make_cell, tmp_path,
+                                                                       monkeypatch, capsys, how):
+    """The disk fills while `fedrepro train` writes its checkpoint: the documented one-line message
+    naming the checkpoint (docs/operations.md), not torch's `unexpected pos`; no file is left."""
+    import shutil as shutil_mod
+
+    import torch
+
+    from fedrepro.cli import main
+    from fedrepro.engine import engine as engine_mod
+
+    real_save = torch.save
+
+    def save_on_full_disk(obj, f, *args, **kwargs):
+        if how == "torch_runtime_error":  # what torch's own file writer (torch.save to a path) raises
+            f.write(b"PK\x03\x04partial")
+            raise RuntimeError("[enforce fail at inline_container.cc:664] . unexpected pos 4416 vs 4310")
+
+        class Full:  # the real serializer, writing into a file system that fills after 1 KiB
+            write = staticmethod(_enospc_after(1024)(f.write))
+
+            def flush(self):
+                return f.flush()
+        return real_save(obj, Full(), *args, **kwargs)
+
+    monkeypatch.setattr(engine_mod.torch, "save", save_on_full_disk)
+    if how == "torch_runtime_error":
+        usage = shutil_mod.disk_usage(tmp_path)
+        monkeypatch.setattr("fedrepro.io.shutil.disk_usage", lambda p: usage._replace(free=0))
+    cell = make_cell("fedavg", rounds=3, checkpoint_every=1)
+    ckpt = tmp_path / "ckpt" / "seed0.pt"
+    rc = main(["train", "--cell", json.dumps(cell), "--shards", str(tiny_partition[0]), "--out-dir", str(tmp_path / "out"),
+               "--checkpoint", str(ckpt)])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.splitlines()[-1] == (f"fedrepro train: error: No space left on device: cannot write {ckpt} "
+                                                "(nothing was written)"), err[-2000:]
+    assert "Traceback" not in err and "unexpected pos" not in err
+    assert list(ckpt.parent.iterdir()) == []  # neither the checkpoint nor a temporary file
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("name", ["provenance.json", "metrics.json"])
+def test_full_disk_while_writing_results_is_the_documented_message(tiny_partition, make_cell, tmp_path, monkeypatch,
+                                                                  capsys, name):
+    import errno
+
+    from fedrepro.cli import main
+    from fedrepro.io import tmp_prefix
+
+    real = Path.write_text
+
+    def write_text(self, text, *args, **kwargs):
+        if self.name.startswith(tmp_prefix(name)):  # atomic_path's temporary file for `name`
+            real(self, text[:100], *args, **kwargs)
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(self, text, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "write_text", write_text)
+    out = tmp_path / "out"
+    rc = main(["train", "--cell", json.dumps(make_cell("fedavg")), "--shards", str(tiny_partition[0]), "--out-dir", str(out)])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.splitlines()[-1] == (f"fedrepro train: error: No space left on device: cannot write {out / name} "
+                                                "(nothing was written)"), err[-2000:]
+    assert name not in [p.name for p in out.iterdir()] and not any(p.name.endswith(".tmp") for p in out.iterdir())

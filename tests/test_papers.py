@@ -127,7 +127,7 @@ def toy_spec(table: str = "t1") -> str:
 
 
 def read_csv(path: Path) -> pd.DataFrame:
-    return pd.read_csv(path, comment="#")
+    return pd.read_csv(path)  # plain CSV: no options needed (title and notes are in the .md/.html)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -336,7 +336,7 @@ def test_bolding_rules_follow_the_paper():
 
 
 def test_validate_prints_the_coverage(capsys):
-    assert main(["validate", str(REPO / "config" / "papers" / "fedcrc.yaml"), str(REPO / "config" / "papers" / "fedcrc_cpu.yaml")]) == 0
+    assert main(["validate", "--each", str(REPO / "config" / "papers" / "fedcrc.yaml"), str(REPO / "config" / "papers" / "fedcrc_cpu.yaml")]) == 0
     out = capsys.readouterr().out
     assert "paper table fedcrc_table1 (FedCRC Table I): 84 of 84 cells from 72 run(s) x 3 seed(s) (every cell)" in out
     assert "paper table fedcrc_table1 (FedCRC Table I): 7 of 84 cells from 6 run(s) x 3 seed(s) (reduced" in out

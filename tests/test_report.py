@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 
 import pandas as pd
 import pytest
@@ -56,7 +57,7 @@ def make_cell(dataset: str, partition: str, method: str, seed: int, failed: bool
     }
     if failed:  # partial curves, no final/summary
         cell["final"] = None
-        cell["curves"] = {"round": [1, 2], "train_loss": [2.0, float("nan")]}
+        cell["curves"] = {"round": [1, 2], "train_loss": [2.0, 9.0]}  # never in the summary or curves
         return cell
     final, summary = {"global": None, "personal": None}, {}
     curves = {"round": [1, 2, 3], "train_loss": [1.0, 0.5, 0.25 + 0.1 * seed]}
@@ -191,11 +192,11 @@ def test_pivot_table_all_failed_and_single_seed(cells):
 def test_write_tables(cells, tmp_path):
     extra = [make_cell("fmnist", "dir0.1", "ditto", s, failed=True) for s in (0, 1)]
     paths = write_tables(summary_frame(cells + extra), tmp_path / "tables")
-    assert {p.name for p in paths} == {f"{n}.{e}" for n in DEFAULT_TABLES for e in ("md", "tex", "csv")}
+    assert {p.name for p in paths} == {f"{n}.{e}" for n in DEFAULT_TABLES for e in ("md", "tex", "csv", "meta.json")}
     assert all(p.exists() for p in paths)
 
     md = (tmp_path / "tables" / "accuracy.md").read_text()
-    assert md.startswith("Table: Accuracy (%) weighted by client test size, final round, mean ± std")
+    assert md.startswith("Table: Accuracy (%) weighted by client test size, final round, mean ± std (sample, ddof=1) over 2 seeds")
     assert "| fmnist / dir0.1 | cifar10 / shards2 |" in md
     for name, (a, b) in EXPECTED.items():
         assert f"| {name} | {a} | {b} |" in md
@@ -212,15 +213,17 @@ def test_write_tables(cells, tmp_path):
     assert "dir0.1 & shards2" in tex
     assert "±" not in tex.split("\n", 1)[1] and "fedavg_ft" not in tex  # escaped outside the comment line
 
-    assert (tmp_path / "tables" / "accuracy.csv").read_text().startswith("# accuracy: Accuracy (%)")
-    csv = pd.read_csv(tmp_path / "tables" / "accuracy.csv", comment="#")
+    # a plain CSV in the summary's unit (fractions); caption, notes and unit in the sidecar
+    csv = pd.read_csv(tmp_path / "tables" / "accuracy.csv")
+    meta = json.loads((tmp_path / "tables" / "accuracy.meta.json").read_text())
+    assert meta["caption"] in md and meta["unit"].startswith("fraction") and meta["seeds"] == 2
     assert list(csv["label"]) == ["fedavg_ft", "fedavg_ft", "fedavg", "ditto"]
     assert list(csv["kind"]) == ["global", "personal", "global", "failed"]
     for ds, part in GRID:
         for stat in ("mean", "std"):
             assert f"{ds}/{part}/{stat}" in csv.columns
-    assert csv.loc[0, "fmnist/dir0.1/mean"] == pytest.approx(81.0)
-    assert csv.loc[0, "fmnist/dir0.1/std"] == pytest.approx(100 * 0.02 / math.sqrt(2))
+    assert csv.loc[0, "fmnist/dir0.1/mean"] == pytest.approx(0.81)
+    assert csv.loc[0, "fmnist/dir0.1/std"] == pytest.approx(0.02 / math.sqrt(2), abs=1e-6)
     assert csv.loc[0, "cifar10/shards2/n_failed"] == 1
 
     worst = (tmp_path / "tables" / "accuracy_worst10.md").read_text()
@@ -301,3 +304,243 @@ def test_plots_edge_cases(manifest, tmp_path):
     write_summary(all_failed, tmp_path / "s.csv", tmp_path / "s.json")
     assert json.loads((tmp_path / "s.json").read_text()) == {
         "fmnist": {"dir0.1": {"ditto": {"failed": {"n_seeds": 0, "n_failed": 2}}}}}
+
+
+# ----------------------------------------------------------------------------- chain of custody
+
+
+@pytest.fixture(scope="module")
+def trained(tiny_partition, tmp_path_factory):
+    """Real metrics.json files of the fedavg cell, seeds 0 and 1 (1 round), in the workflow's layout:
+    (cells, their paths)."""
+    from conftest import tiny_config
+
+    from fedrepro.config import resolve_experiment
+    from fedrepro.engine.run import train_cell
+
+    base = next(c for c in resolve_experiment(tiny_config(rounds=1))["cells"] if c["label"] == "fedavg")
+    cells = [base | {"seed": s} for s in (0, 1)]
+    root = tmp_path_factory.mktemp("custody")
+    paths = []
+    for c in cells:
+        out = root / "results" / c["experiment"] / "runs" / "digits" / "dir" / "fedavg" / f"seed{c['seed']}"
+        train_cell(c, tiny_partition[0], out, progress=False)
+        paths.append(out / "metrics.json")
+    return cells, paths
+
+
+def _aggregate(tmp_path, paths, cells=None) -> tuple[int, str]:
+    from fedrepro.cli import main
+    from fedrepro.custody import expected_token
+
+    expect = ["--expect", *map(expected_token, cells)] if cells else []
+    return main(["aggregate", *map(str, paths), "--csv", str(tmp_path / "s.csv"), "--json", str(tmp_path / "s.json"),
+                 "--curves", str(tmp_path / "c.csv"), *expect])
+
+
+def _copies(trained, tmp_path) -> tuple[list, list]:
+    """The trained files copied under tmp_path (same layout), so a test can damage them."""
+    import shutil
+
+    cells, paths = trained
+    root = paths[0].parents[6]
+    out = [tmp_path / p.relative_to(root) for p in paths]
+    for src, dst in zip(paths, out):
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(src, dst)
+    return cells, out
+
+
+def _one_line_error(capsys, *needles: str) -> str:
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.startswith("fedrepro aggregate: error:")]
+    assert len(lines) == 1 and "Traceback" not in err, err
+    assert all(n in lines[0] for n in needles), lines[0]
+    return lines[0]
+
+
+def test_metrics_carry_the_cells_identity(trained, tiny_partition):
+    from fedrepro.custody import manifest_hash
+    from fedrepro.data.shards import read_manifest
+    from fedrepro.io import short_hash
+
+    cells, paths = trained
+    for cell, path in zip(cells, paths):
+        identity = json.loads(path.read_text())["identity"]
+        provenance = json.loads((path.parent / "provenance.json").read_text())["identity"]
+        assert identity == provenance == {k: cell[k] for k in ("experiment", "dataset", "partition", "partition_id",
+                                                               "method", "label", "seed")} | {
+            "cell_key": short_hash(cell), "manifest_hash": manifest_hash(read_manifest(tiny_partition[0]))}
+
+
+def test_aggregating_the_expected_cells_works(trained, tmp_path, capsys):
+    cells, paths = trained
+    assert _aggregate(tmp_path, paths, cells) == 0
+    frame = pd.read_csv(tmp_path / "s.csv")
+    assert list(frame["seed"]) == [0, 1] and set(frame["status"]) == {"ok"}
+
+
+def test_seed_1s_metrics_copied_over_seed_0s_is_an_error_naming_the_file_and_seed(trained, tmp_path, capsys):
+    """Before: the table had seed 1 twice and seed 0 not at all."""
+    cells, paths = _copies(trained, tmp_path)
+    paths[0].write_bytes(paths[1].read_bytes())
+    assert _aggregate(tmp_path, paths, cells) == 2
+    _one_line_error(capsys, str(paths[0]), "field 'seed' is 1, expected 0", "delete it and rerun")
+    assert _aggregate(tmp_path, paths) == 2  # without --expect (`fedrepro aggregate` by hand): a repeated cell
+    _one_line_error(capsys, str(paths[1]), "field 'seed'", str(paths[0]))
+
+
+def test_another_experiments_metrics_is_an_error(trained, tmp_path, capsys):
+    cells, paths = _copies(trained, tmp_path)
+    doc = json.loads(paths[1].read_text())
+    for block in ("cell", "identity"):
+        doc[block]["experiment"] = "other"
+    paths[1].write_text(json.dumps(doc))
+    assert _aggregate(tmp_path, paths, cells) == 2
+    _one_line_error(capsys, str(paths[1]), "field 'experiment' is 'other', expected 'unit'")
+    assert _aggregate(tmp_path, paths) == 2
+    _one_line_error(capsys, str(paths[1]), "field 'experiment'")
+
+
+def test_metrics_of_an_earlier_configuration_of_the_cell_is_an_error(trained, tmp_path, capsys):
+    cells, paths = _copies(trained, tmp_path)
+    changed = [cells[0] | {"hparams": {"lr_note": 1}}, cells[1]]  # the config changed since seed 0 was trained
+    assert _aggregate(tmp_path, paths, changed) == 2
+    _one_line_error(capsys, str(paths[0]), "field 'cell_key'")
+
+
+@pytest.mark.parametrize("where, value", [(("summary", "global_acc", "weighted_mean"), "0.9"),
+                                          (("summary", "global_acc", "std"), True),
+                                          (("rounds",), 1.5),
+                                          (("communication", "bytes_up_total"), "many")])
+def test_a_value_of_the_wrong_type_is_an_error_naming_the_field(trained, tmp_path, capsys, where, value):
+    """Before: a string became NaN and the mean silently had one seed less."""
+    cells, paths = _copies(trained, tmp_path)
+    doc = json.loads(paths[0].read_text())
+    parent = doc
+    for key in where[:-1]:
+        parent = parent[key]
+    parent[where[-1]] = value
+    paths[0].write_text(json.dumps(doc))
+    assert _aggregate(tmp_path, paths, cells) == 2
+    _one_line_error(capsys, str(paths[0]), f"field '{'.'.join(where)}' has value {value!r}")
+
+
+@pytest.mark.parametrize("damage", ["truncated", "nan", "binary", "empty"])
+def test_a_damaged_metrics_file_is_one_line_naming_it_and_what_to_do(trained, tmp_path, capsys, damage):
+    """Before: a JSONDecodeError traceback naming no file, on every rerun."""
+    cells, paths = _copies(trained, tmp_path)
+    text = paths[0].read_text()
+    paths[0].write_bytes({"truncated": text[: len(text) // 2].encode(), "nan": text.replace("0.", "NaN, \"x\": 0.", 1).encode(),
+                          "binary": b"\xff\xfe\x00garbage", "empty": b""}[damage])
+    assert _aggregate(tmp_path, paths, cells) == 2
+    _one_line_error(capsys, str(paths[0]), "delete it and rerun the workflow")
+
+
+@pytest.mark.parametrize("kind", ["device", "fifo", "directory", "link_out", "link_loop", "too_large"])
+def test_a_metrics_path_that_is_not_a_bounded_regular_file_is_refused(trained, tmp_path, capsys, monkeypatch, kind):
+    import fedrepro.custody as custody
+
+    cells, paths = _copies(trained, tmp_path / "work")
+    monkeypatch.chdir(tmp_path / "work")
+    paths[0].unlink()
+    if kind == "device":
+        paths[0].symlink_to("/dev/zero")
+    elif kind == "fifo":  # must not wait for a writer
+        os.mkfifo(paths[0])
+    elif kind == "directory":
+        paths[0].mkdir()
+    elif kind == "link_out":
+        (tmp_path / "elsewhere.json").write_text(paths[1].read_text())
+        paths[0].symlink_to(tmp_path / "elsewhere.json")
+    elif kind == "link_loop":
+        paths[0].symlink_to(paths[0])
+    else:
+        paths[0].write_text(paths[1].read_text())
+        monkeypatch.setattr(custody, "METRICS_MAX_BYTES", 1000)
+        monkeypatch.setattr(custody.read_bounded_json, "__defaults__", (1000, "metrics file"))
+    assert _aggregate(tmp_path, paths, cells) == 2
+    _one_line_error(capsys, str(paths[0]))
+
+
+def test_a_link_to_a_regular_file_inside_the_project_is_read(trained, tmp_path, capsys, monkeypatch):
+    """A DVC cache with cache.type symlink in the project keeps working."""
+    cells, paths = _copies(trained, tmp_path / "work")
+    monkeypatch.chdir(tmp_path / "work")
+    cache = tmp_path / "work" / ".dvc" / "cache" / "ab12"
+    cache.parent.mkdir(parents=True)
+    paths[0].rename(cache)
+    paths[0].symlink_to(cache)
+    assert _aggregate(tmp_path, paths, cells) == 0
+def _same_global_model_twice(seeds=(0,)) -> list[dict]:
+    """fedavg and fedavg_ft whose global model is the same one (fine-tuning only makes personal
+    models), evaluated at rounds 1 and 3 with the training loss of every round."""
+    cells = []
+    for seed in seeds:
+        base = make_cell("fmnist", "dir0.1", "fedavg", seed)
+        base["curves"]["round"] = [1, 3]
+        base["curves"]["global_acc"] = {"weighted_mean": [0.5 + seed / 100, 0.7]}
+        base["train_loss_per_round"] = [1.0, 0.7, 0.5]
+        ft = json.loads(json.dumps(base))
+        ft["cell"].update(label="fedavg_ft", method="fedavg_ft")
+        ft["summary"]["personal_acc"] = _stats(0.9)
+        ft["curves"]["personal_acc"] = {"weighted_mean": [0.8, 0.9]}
+        cells += [base, ft]
+    return cells
+
+
+def test_an_identical_series_is_drawn_once_every_panel_has_a_legend_and_the_loss_every_round():
+    from fedrepro.report.plots import curves_figure
+
+    fig = curves_figure(_same_global_model_twice(), "fmnist", "dir0.1")
+    ax_acc, ax_loss = fig.axes[:2]
+    plt.close(fig)
+    assert [line.get_label() for line in ax_acc.get_lines()] == ["fedavg = fedavg_ft (global)", "fedavg_ft (personal)"]
+    assert [line.get_label() for line in ax_loss.get_lines()] == ["fedavg = fedavg_ft"]
+    for ax in (ax_acc, ax_loss):
+        assert [t.get_text() for t in ax.get_legend().get_texts()] == [line.get_label() for line in ax.get_lines()]
+    assert list(ax_loss.get_lines()[0].get_xdata()) == [1, 2, 3]  # every round, not only the evaluated ones
+    assert list(ax_loss.get_lines()[0].get_ydata()) == [1.0, 0.7, 0.5]
+
+
+def test_one_seed_is_not_captioned_as_a_spread_and_identical_rows_are_noted(tmp_path):
+    write_tables(summary_frame(_same_global_model_twice()), tmp_path)
+    md = (tmp_path / "accuracy.md").read_text()
+    assert md.startswith("Table: Accuracy (%) weighted by client test size, final round, one seed (no spread over seeds)")
+    assert "±" not in md and "fedavg_ft (global) is identical to fedavg (global) in every cell and seed" in md
+    two = summary_frame(_same_global_model_twice(seeds=(0, 1)))
+    two.loc[(two["label"] == "fedavg_ft") & (two["seed"] == 1), "acc_mean"] += 0.01  # differs in one seed
+    write_tables(two, tmp_path / "two")
+    assert "identical" not in (tmp_path / "two" / "accuracy.md").read_text()
+
+
+def _render_like_snakemake_report(rst: str) -> str:
+    """What `snakemake --report` does with the workflow description: Jinja, then docutils."""
+    from docutils.core import publish_parts
+    from jinja2 import Environment
+
+    links = "\n\n.. _Tables: javascript:show('Tables')\n.. _Learning curves: javascript:show('Learning curves')\n"
+    return publish_parts(Environment(trim_blocks=True, lstrip_blocks=True).from_string(rst + links).render(),
+                         writer="html", settings_overrides={"report_level": 2})["html_body"]
+
+
+def test_the_report_landing_page_shows_the_main_table_the_curves_and_only_what_the_experiment_has(cells, tmp_path):
+    from fedrepro.report.landing import console_summary, description_rst
+
+    png = tmp_path / "curves_fmnist_dir0.1.png"
+    plot_curves(cells, "fmnist", "dir0.1", png)
+    frame = summary_frame(cells)
+    spec = {"experiment": "default", "rounds": "3", "seeds": [0, 1], "tuning": False, "paper": None}
+    page = _render_like_snakemake_report(description_rst(frame, spec, [png]))
+    assert "System Message" not in page and "<table class=\"fedrepro-main\"" in page.replace("'", '"')
+    for name, values in EXPECTED.items():
+        assert f">{name}</td>" in page and all(f">{v}</td>" in page for v in values)
+    assert page.count("data:image/png;base64,") == 1
+    assert "tuned" not in page and "Paper" not in page
+    page = _render_like_snakemake_report(description_rst(frame, spec | {"tuning": True, "paper": "FedX"}, [png]))
+    assert "Hyper-parameters were tuned" in page and "Paper: FedX" in page
+    # the console at the end of a run: the same table as text
+    write_summary(cells, tmp_path / "summary.csv", tmp_path / "summary.json")
+    text = console_summary(tmp_path / "summary.csv")
+    assert text.startswith("fedrepro: Accuracy (%)") and "fedavg_ft (personal)" in text and "91.50 ± 2.12" in text
+    assert console_summary(tmp_path / "missing.csv") == ""

@@ -492,3 +492,23 @@ def test_script_trains_cells_side_by_side_on_one_gpu_in_one_slurm_job(cluster, t
     for cell, (start, _) in spans.items():
         running = [c for c, (a, b) in spans.items() if a <= start < b]
         assert len(running) <= CELLS_PER_GPU, f"{running} ran at once, above {CELLS_PER_GPU} gpu_slots: {shown}"
+
+
+def test_readme_laptop_command_fits_a_two_cpu_slurm_up_node():
+    """The README's command for trying the profile on `slurm_up.sh`'s one-node cluster: its
+    account and partitions are the script's defaults, and every training job fits a 2-CPU node
+    (the profile's 8 CPUs per job do not: sbatch refuses them), so it runs as written."""
+    readme = (REPO / "README.md").read_text()
+    block = next(b for b in re.findall(r"```bash\n(.*?)```", readme, re.S)
+                 if "--configfile config/test.yaml" in b and "workflow/profiles/slurm " in b)
+    args = block.replace("\\\n", " ").split()
+    script = (SCRIPTS / "slurm_up.sh").read_text()
+    account = re.search(r"^ACCOUNT=(\S+)", script, re.M).group(1)
+    partitions = re.search(r'^PARTITIONS="([^"]+)"', script, re.M).group(1).split()
+    assert f"slurm_account={account}" in args and f"slurm_partition={partitions[0]}" in args
+    assert f"train:slurm_partition={partitions[1]}" in args
+    threads = int(args[args.index("--set-threads") + 1].removeprefix("train="))
+    assert 1 <= threads <= 2
+    profile = yaml.safe_load((PROFILE / "config.yaml").read_text())
+    assert profile["set-threads"]["train"] > 2  # the profile's own size would not fit: the command must say it
+    assert max(int(a.split("=")[1]) for a in args if a.split("=")[0].endswith("mem_mb")) <= 4000

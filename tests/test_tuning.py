@@ -8,12 +8,14 @@ import subprocess
 import sys
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 
 from conftest import REPO, TINY_HPARAMS, TINY_MODELS, kill_in_round_3_and_resume, tiny_config
 from fedrepro.cli import main
 from fedrepro.config import resolve_experiment
+from fedrepro.custody import expected_token, parse_token, read_metrics
 from fedrepro.data.shards import load_partition
 from fedrepro.engine.data import carve_validation, load_clients
 from fedrepro.engine.run import train_cell
@@ -227,9 +229,13 @@ def test_select_and_tuned_training_through_the_cli(tiny_partition, tmp_path):
                  "--tuned", str(sel)]) == 0
     prov = json.loads((tmp_path / "f" / "provenance.json").read_text())
     assert prov["cell"]["hparams"]["mu"] == record["winner"]["values"]["mu"]
+    # the metrics are the tuned cell's as the aggregate rule expects it (its hash before the selection)
+    read_metrics(tmp_path / "f" / "metrics.json", parse_token(expected_token(final)))
     assert prov["cell"]["tuned"]["trial"] == record["winner"]["id"]
     assert main(["tuning-report", str(sel), "--table", str(tmp_path / "tuning"), "--plot", str(tmp_path / "t.png")]) == 0
     assert f"mu={record['winner']['values']['mu']:g}" in (tmp_path / "tuning.md").read_text()
+    table = pd.read_csv(tmp_path / "tuning.csv")  # plain CSV, fractions as in summary.csv
+    assert table["val_score"].tolist() == [pytest.approx(record["winner"]["score"], abs=1e-9)]
     assert (tmp_path / "t.png").read_bytes()[:4] == b"\x89PNG"
 
 

@@ -3,6 +3,7 @@ plus lint, dry runs with both profiles, and the config gate."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import subprocess
@@ -52,7 +53,7 @@ def test_every_cell_trained_and_tabulated(e2e):
         for part in config["partitions"]:
             assert part in md and part.replace("_", r"\_") in tex
         assert r"\toprule" in tex and r"\bottomrule" in tex
-    table = pd.read_csv(out / "tables" / "accuracy.csv", comment="#")
+    table = pd.read_csv(out / "tables" / "accuracy.csv")
     rows = set(zip(table["label"], table["kind"]))
     assert rows == {("local", "personal"), ("fedavg", "global"), ("fedavg_ft", "global"), ("fedavg_ft", "personal")}
     summary = pd.read_csv(out / "summary.csv")
@@ -72,6 +73,26 @@ def test_plots_and_report_cover_every_panel(e2e):
         assert (manifest.parent.parent / f"{manifest.parent.name}.png").exists()
         assert f"{manifest.parent.name}.png" in report
     assert "accuracy.csv" in report
+    # the landing page: the main table inline and the learning curves embedded
+    landing = (out / "report" / "description.rst").read_text()
+    assert "fedrepro-main" in report and "fedavg_ft (personal)" in report and landing.count("base64,") == 2
+    assert "tuned" not in landing and "Paper" not in landing
+
+
+def test_every_csv_the_workflow_writes_reads_back_with_pandas_and_the_status_shows_every_cell_done(e2e, capsys):
+    from fedrepro.cli import main
+
+    out = e2e / "results" / "test"
+    paths = sorted(out.rglob("*.csv"))
+    assert {p.name for p in paths} >= {"summary.csv", "curves.csv", "accuracy.csv", "macro_f1.csv"}
+    for path in paths:
+        frame = pd.read_csv(path)  # no options: no comment lines, one header
+        assert not [c for c in frame.columns if c.startswith(("#", "Unnamed"))], path
+        pd.testing.assert_frame_equal(pd.read_csv(io.StringIO(frame.to_csv(index=False))), frame)
+    summary, table = pd.read_csv(out / "summary.csv"), pd.read_csv(out / "tables" / "accuracy.csv")
+    assert summary["acc_weighted_mean"].max() <= 1 and table.filter(like="/mean").max().max() <= 1  # one unit
+    assert main(["status", str(out)]) == 0
+    assert capsys.readouterr().out.startswith(f"{out}: 12 cell(s): 12 done")
 
 
 def test_rerun_plans_nothing(e2e):
@@ -107,3 +128,19 @@ def test_bad_config_stops_before_any_job(tmp_path):
     assert proc.returncode != 0
     assert "participation" in proc.stderr and "1.5" in proc.stderr and "allowed" in proc.stderr
     assert not (tmp_path / "results").exists()
+
+
+def test_config_set_overrides_through_snakemake(tmp_path):
+    """`--config set=...`: the items reach the experiment (a value with ': ' too), and a bad one
+    stops the dry run with the override, the key, the value and what is allowed."""
+    items = "seeds=[0] partitions.dir0.5.num_clients=5 methods.fedavg.sweep={training.optimizer.lr: [0.01, 0.1]}"
+    proc = snakemake("-n", "-p", "--configfile", str(TEST_CONFIG), "--config", f"set={items}", cwd=tmp_path)
+    text = proc.stdout + proc.stderr
+    train = [line for line in text.splitlines() if "fedrepro train --cell " in line]
+    assert len(train) == 2 * 4  # partitions x labels (local, fedavg-lr0.01, fedavg-lr0.1, fedavg_ft) x 1 seed
+    assert sum('"label": "fedavg-lr0.1"' in line and '"lr": 0.1' in line for line in train) == 2
+    assert sum('"num_clients": 5' in line for line in text.splitlines() if "fedrepro partition --spec " in line) == 1
+    proc = snakemake("-n", "--configfile", str(TEST_CONFIG), "--config", "set=seeds=[0] training.rounds=abc", cwd=tmp_path,
+                     check=False)
+    assert proc.returncode != 0 and not (tmp_path / "results").exists()
+    assert "override 'training.rounds=abc': config key 'training.rounds' has value 'abc'; allowed: type integer" in proc.stderr

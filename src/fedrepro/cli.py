@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import json
 import errno
+import json
+import os
+import re
+import shlex
 import sys
 from pathlib import Path
 
@@ -12,9 +15,11 @@ from . import cli_args as check
 from .registry import ConfigError
 
 
-def _print_entries(title: str, registry, extra=lambda e: []) -> None:
+def _print_entries(title: str, registry, extra=lambda e: [], names: list[str] | None = None) -> None:
     print(f"{title}:")
     for e in registry:
+        if names and e.name not in names:
+            continue
         print(f"  {e.name:<16} {e.summary}")
         for line in extra(e):
             print(f"  {'':<16} {line}")
@@ -22,58 +27,80 @@ def _print_entries(title: str, registry, extra=lambda e: []) -> None:
             print(f"  {'':<16}   {key} = {p.default!r}: {p.doc}")
 
 
-def cmd_list(args) -> None:
-    if args.what == "datasets":
+def _registry(what: str):
+    """The registry `fedrepro list` prints for `what`, and the extra lines of each entry."""
+    if what == "datasets":
         from .data.datasets import DATASETS
 
-        _print_entries("datasets", DATASETS, lambda e: [f"size: {e.info['size']}", f"shape: {e.obj.sample_shape}, classes: {e.obj.num_classes}",
-                                                        f"source: {e.info['source']}"])
-    elif args.what == "partitioners":
+        return DATASETS, lambda e: [f"size: {e.info['size']}", f"shape: {e.obj.sample_shape}, classes: {e.obj.num_classes}",
+                                    f"source: {e.info['source']}"]
+    if what == "partitioners":
         from .data.partitioners import PARTITIONERS
 
-        _print_entries("partitioners", PARTITIONERS)
-        print("every partition also takes: num_clients, seed, pool (merge official train+test), "
-              "split: {test_fraction=0.25, val_fraction=0.0, stratify=true}")
-    elif args.what == "methods":
+        return PARTITIONERS, lambda e: []
+    if what == "methods":
         from .methods import METHODS
-
         from .tuning import default_space_lines
 
-        _print_entries("methods", METHODS, lambda e: ([f"paper: {e.info['paper']}"] if e.info.get("paper") else [])
-                       + default_space_lines(e.name))
-    else:
-        from .models import MODELS
+        return METHODS, lambda e: ([f"paper: {e.info['paper']}"] if e.info.get("paper") else []) + default_space_lines(e.name)
+    from .models import MODELS
 
-        _print_entries("models", MODELS, lambda e: [f"inputs: {e.info['inputs']}"] if e.info.get("inputs") else [])
+    return MODELS, lambda e: [f"inputs: {e.info['inputs']}"] if e.info.get("inputs") else []
+
+
+def cmd_list(args) -> None:
+    import difflib
+
+    registry, extra = _registry(args.what)
+    for name in args.names:
+        if name not in registry:
+            close = difflib.get_close_matches(name, registry.names(), n=5, cutoff=0.6)
+            hint = f"close matches: {', '.join(close)}" if close else f"see `fedrepro list {args.what}`"
+            raise ConfigError(f"no {args.what[:-1]} named {name!r}; {hint}")
+    _print_entries(args.what, registry, extra, args.names)
+    if args.what == "partitioners":
+        print("every partition also takes: num_clients, seed, pool (merge official train+test), "
+              "split: {test_fraction=0.25, val_fraction=0.0, stratify=true}")
+
+
+def _experiment(args) -> tuple[dict, dict]:
+    """(merged config, resolved experiment) of the config files and --set items of `args`."""
+    from .config import load_and_resolve
+    from .overrides import cli_items
+
+    return load_and_resolve(args.configs, cli_items(args.set))
 
 
 def cmd_validate(args) -> None:
     import os
 
-    from .config import load_config, resolve_experiment
+    from .config import load_and_resolve
+    from .overrides import cli_items
     from .registry import ALLOW_LARGE_ENV
 
     if args.allow_large_budgets:
         os.environ[ALLOW_LARGE_ENV] = "1"
-    for path in args.configs:
-        exp = resolve_experiment(load_config(path))
+    # one experiment of the merged files (as Snakemake's --configfile), or --each file on its own
+    runs = [[path] for path in args.configs] if args.each else [args.configs]
+    for paths in runs:
+        config, exp = load_and_resolve(paths, cli_items(args.set))
+        name = " + ".join(paths)
         tuning = (f", {len(exp['tuning_cells'])} tuning trial run(s) for {len(exp['tuning']['labels'])} method label(s)"
                   if exp["tuning"] else "")
-        print(f"{path}: ok, experiment '{exp['experiment']}': {len(exp['partitions'])} partition(s), {len(exp['cells'])} cell(s)"
+        print(f"{name}: ok, experiment '{exp['experiment']}': {len(exp['partitions'])} partition(s), {len(exp['cells'])} cell(s)"
               + tuning)
         for line in untrained_warnings(exp):
-            print(f"{path}: warning: {line}", file=sys.stderr)
-        for line in paper_table_lines(path, exp):
-            print(f"{path}: {line}")
+            print(f"{name}: warning: {line}", file=sys.stderr)
+        for line in paper_table_lines(paths[-1], exp, config):
+            print(f"{name}: {line}")
 
 
-def paper_table_lines(path, exp: dict) -> list[str]:
+def paper_table_lines(path, exp: dict, config: dict) -> list[str]:
     """Check the config's `paper_tables` (every cell a mapped layout names is produced by the
     experiment) and say how much of each paper table it covers; [] without paper_tables."""
-    from .config import load_config
     from .report.papers import coverage_lines, plan_paper_tables
 
-    plan = plan_paper_tables(load_config(path), exp, config_path=path)
+    plan = plan_paper_tables(config, exp, config_path=path)
     return coverage_lines(plan) if plan else []
 
 
@@ -100,12 +127,15 @@ def untrained_warnings(exp: dict) -> list[str]:
     return lines
 
 
-def cmd_cells(args) -> None:
-    from .config import load_config, resolve_experiment
+def cell_id(c: dict) -> str:
+    """A cell as `fedrepro cells` prints it: dataset/partition(partition id)/label[method]/seed<seed>."""
+    return f"{c['dataset']}/{c['partition']}({c['partition_id']})/{c['label']}[{c['method']}]/seed{c['seed']}"
 
-    exp = resolve_experiment(load_config(args.config))
+
+def cmd_cells(args) -> None:
+    _, exp = _experiment(args)
     for c in exp["cells"]:
-        print(f"{c['dataset']}/{c['partition']}({c['partition_id']})/{c['label']}[{c['method']}]/seed{c['seed']}")
+        print(cell_id(c))
 
 
 def cmd_prepare(args) -> None:
@@ -145,11 +175,82 @@ def cmd_plot_partition(args) -> None:
     plot_partition(read_manifest(args.shards), args.out)
 
 
+_CELL_ID = re.compile(r"(?P<dataset>[^/]+)/(?P<partition>[^/(]+)(?:\((?P<pid>[0-9a-f]+)\))?/(?P<label>[^/\[]+)"
+                      r"(?:\[(?P<method>[^\]/]+)\])?/seed(?P<seed>\d+)")
+
+
+def find_cell(exp: dict, ident: str) -> dict:
+    """The cell of `exp` named by an id as `fedrepro cells` prints it (the partition id and
+    [method] may be left out: digits/dir0.5/local/seed0)."""
+    import difflib
+
+    m = _CELL_ID.fullmatch(ident)
+    if not m:
+        raise ConfigError(f"--cell-id {ident!r} is not a cell id; allowed: a line of `fedrepro cells` "
+                          "(dataset/partition(id)/label[method]/seed<n>) or dataset/partition/label/seed<n>")
+    for c in exp["cells"]:
+        if (c["dataset"], c["partition"], c["label"], str(c["seed"])) == m.group("dataset", "partition", "label", "seed"):
+            if m["pid"] and m["pid"] != c["partition_id"]:
+                raise ConfigError(f"--cell-id {ident!r}: partition id {m['pid']}, but the config's partition "
+                                  f"{c['partition']} now has id {c['partition_id']} (its settings changed); allowed: {cell_id(c)}")
+            if m["method"] and m["method"] != c["method"]:
+                raise ConfigError(f"--cell-id {ident!r}: method {m['method']!r}, but label {c['label']!r} runs "
+                                  f"{c['method']!r}; allowed: {cell_id(c)}")
+            return c
+    ids = [cell_id(c) for c in exp["cells"]]
+    close = difflib.get_close_matches(ident, ids, n=3, cutoff=0.5) or ids[:3]
+    raise ConfigError(f"--cell-id {ident!r}: no such cell in experiment '{exp['experiment']}' ({len(ids)} cells); "
+                      f"close matches: {', '.join(close)} (all of them: `fedrepro cells`)")
+
+
+def _cell_from_id(args) -> dict:
+    """The resolved cell of --cell-id, with --shards and --out-dir defaulted to the workflow's paths."""
+    from .overrides import cli_items, record
+
+    if not args.configs:
+        raise ConfigError("--cell-id needs the experiment's config file(s) before it, as `fedrepro cells` takes them: "
+                          "fedrepro train config/test.yaml --cell-id digits/dir0.5/local/seed0")
+    _, exp = _experiment(args)
+    cell = find_cell(exp, args.cell_id)
+    record(cli_items(args.set))  # provenance.json "overrides"
+    where = f"{cell['dataset']}/{cell['partition']}/{cell['label']}/seed{cell['seed']}"
+    if args.shards is None:
+        args.shards = f"results/shards/{cell['dataset']}/{cell['partition_id']}"  # the workflow's (common.smk shard_dir)
+        if not (Path(args.shards) / "manifest.json").is_file():
+            items = cli_items(args.set)
+            command = shlex.join(["snakemake", "--cores", "1", args.shards, "--configfile", *args.configs]
+                                 + (["--config", f"set={' '.join(items)}"] if items else []))
+            raise ConfigError(f"--shards: the cell's partition {args.shards} does not exist here; allowed: make it with "
+                              f"`{command}`, or pass --shards DIR")
+    if args.out_dir is None:
+        args.out_dir = f"results/{cell['experiment']}/debug/{where}"  # beside, never over, the workflow's runs/
+    if cell.get("tuned") and not args.tuned:
+        selection = Path(f"results/{cell['experiment']}/tuning/{cell['dataset']}/{cell['partition']}/{cell['label']}.json")
+        if selection.is_file():
+            args.tuned = str(selection)
+    print(f"[fedrepro] cell {cell_id(cell)} -> {args.out_dir}", file=sys.stderr)
+    return cell
+
+
 def cmd_train(args) -> None:
     from .engine.run import train_cell
+    from .io import short_hash
 
-    cell = args.cell
+    if (args.cell is None) == (args.cell_id is None):
+        raise ConfigError("give one of --cell JSON (the resolved cell, as the workflow does) or CONFIG ... --cell-id ID "
+                          "(a line of `fedrepro cells`)")
+    if args.cell_id is not None:
+        cell = _cell_from_id(args)
+        args.shards, args.out_dir = check.partition_dir(args.shards), check.output_dir(args.out_dir)
+    else:
+        if args.configs or args.set:
+            raise ConfigError("config files and --set go with --cell-id; --cell is the resolved cell itself")
+        for flag, value in (("--shards", args.shards), ("--out-dir", args.out_dir)):
+            if value is None:
+                raise ConfigError(f"{flag} is required with --cell (with --cell-id it defaults to the workflow's path)")
+        cell = args.cell
     check.train_inputs(cell, args.shards, args.device)  # before any data is loaded
+    resolved_key = short_hash(cell)  # what the workflow expects in metrics.json, also for a tuned cell
     if cell.get("tuned") and not args.tuned:
         raise ConfigError("the cell's hyper-parameters are tuned: pass --tuned <the select rule's JSON>")
     if args.tuned:
@@ -165,7 +266,7 @@ def cmd_train(args) -> None:
                               f"not this cell's {cell['dataset']}/{cell['partition']}/{cell['label']}")
         cell = apply_values(cell, sel["winner"]["values"]) | {"tuned": {"trial": sel["winner"]["id"],
                                                                         "values": sel["winner"]["values"]}}
-    train_cell(cell, args.shards, args.out_dir, args.checkpoint, device=args.device, threads=args.threads)
+    train_cell(cell, args.shards, args.out_dir, args.checkpoint, device=args.device, threads=args.threads, cell_key=resolved_key)
 
 
 def cmd_pretrain_backbone(args) -> None:
@@ -177,11 +278,12 @@ def cmd_pretrain_backbone(args) -> None:
 
 
 def cmd_select(args) -> None:
-    from .io import read_json, write_json_atomic
+    from .custody import read_metrics
+    from .io import write_json_atomic
     from .tuning import select_winner
 
     spec = args.spec
-    runs = [{"trial": r["trial"], "seed": r["seed"], "metrics": read_json(r["metrics"])} for r in spec["runs"]]
+    runs = [{"trial": r["trial"], "seed": r["seed"], "metrics": read_metrics(r["metrics"])} for r in spec["runs"]]
     record = select_winner(spec, runs, spec["metric"])
     record = {k: spec[k] for k in ("dataset", "partition", "label", "method")} | record
     write_json_atomic(args.out, record)
@@ -203,7 +305,7 @@ def cmd_tuning_report(args) -> None:
 def cmd_aggregate(args) -> None:
     from .report.aggregate import load_cells, write_curves_csv, write_summary
 
-    cells = load_cells(args.metrics)
+    cells = load_cells(args.metrics, expect=args.expect)
     write_summary(cells, args.csv, args.json)
     write_curves_csv(cells, args.curves)
 
@@ -256,6 +358,45 @@ def cmd_plots(args) -> None:
         plot_client_distribution(cells, args.dataset, args.partition, args.clients)
 
 
+def _add_set(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--set", action="append", default=[], metavar="'KEY=VALUE ...'",
+                   help="override config keys: dotted keys, values as in a config file (repeatable; several items per "
+                   "argument separated by spaces), e.g. --set 'training.rounds=1 seeds=[0,1]'; snakemake: --config set='...'")
+
+
+def cmd_status(args) -> None:
+    import time
+
+    from .progress import collect, render
+
+    root = Path(args.results)
+    if not root.is_dir():
+        raise ConfigError(f"{root}: no such results folder (give results/<experiment>)")
+    if args.watch is not None and not args.watch > 0:
+        raise ConfigError(f"--watch {args.watch:g}: must be a number of seconds > 0")
+    while True:
+        text = render(collect(root), root)
+        if not args.watch:
+            print(text)
+            return
+        # clear the screen and redraw, until Ctrl-C
+        sys.stdout.write("\x1b[H\x1b[2J" + text + f"\n\n(every {args.watch:g} s; Ctrl-C to stop)\n")
+        sys.stdout.flush()
+        try:
+            time.sleep(args.watch)
+        except KeyboardInterrupt:
+            return
+
+
+def cmd_report_page(args) -> None:
+    import pandas as pd
+
+    from .io import write_text_atomic
+    from .report.landing import description_rst
+
+    write_text_atomic(args.out, description_rst(pd.read_csv(args.summary), args.spec, args.curves))
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = check.OneLineParser(prog="fedrepro", description="fedrepro: reproducible benchmarks of personalized and fair "
                                  "federated learning. The Snakemake workflow calls these steps; `list` shows the registries.")
@@ -264,18 +405,25 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("list", help="print a registry with parameters and defaults", description="Print the registered datasets, "
                        "partitioners, methods or models with their parameters and defaults.")
     p.add_argument("what", choices=["datasets", "partitioners", "methods", "models"])
+    p.add_argument("names", nargs="*", metavar="NAME", help="print only these entries (e.g. `fedrepro list methods fedavg`)")
     p.set_defaults(func=cmd_list)
 
-    p = sub.add_parser("validate", help="check experiment configs", description="Validate experiment YAML files against the "
-                       "schema and the registries; print the number of cells or a message naming the bad key.")
-    p.add_argument("configs", nargs="+")
+    p = sub.add_parser("validate", help="check an experiment config", description="Validate an experiment against the "
+                       "schema and the registries; print the number of cells or a message naming the bad key. Several "
+                       "files are merged as Snakemake's --configfile merges them (later ones over earlier ones); --each "
+                       "checks each file as an experiment of its own.")
+    p.add_argument("configs", nargs="+", metavar="CONFIG")
+    _add_set(p)
+    p.add_argument("--each", action="store_true", help="validate every CONFIG on its own instead of merging them")
     p.add_argument("--allow-large-budgets", action="store_true", help="lift the sanity bounds on rounds, epochs, clients, "
                    "cells and parameter magnitudes (as FEDREPRO_ALLOW_LARGE_BUDGETS=1 does for Snakemake)")
     p.set_defaults(func=cmd_validate)
 
     p = sub.add_parser("cells", help="list the training cells of an experiment", description="List the cells "
-                       "(dataset/partition/method/seed) that an experiment config expands to.")
-    p.add_argument("config")
+                       "(dataset/partition(partition id)/label[method]/seed) that an experiment expands to: config files "
+                       "merged as Snakemake's --configfile merges them, then the --set overrides.")
+    p.add_argument("configs", nargs="+", metavar="CONFIG")
+    _add_set(p)
     p.set_defaults(func=cmd_cells)
 
     p = sub.add_parser("prepare", help="make a dataset's raw files present", description="Make a dataset's raw files "
@@ -302,10 +450,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_plot_partition)
 
     p = sub.add_parser("train", help="train one cell", description="Train one cell (method x dataset x partition x seed) and "
-                       "write metrics.json and provenance.json into --out-dir; resumes from --checkpoint if present.")
-    p.add_argument("--cell", required=True, type=check.json_object_text, help="resolved cell as JSON (see `fedrepro cells`)")
-    p.add_argument("--shards", required=True, type=check.partition_dir, help="partition directory")
-    p.add_argument("--out-dir", required=True, type=check.output_dir)
+                       "write metrics.json and provenance.json into --out-dir; resumes from --checkpoint if present. The cell "
+                       "is either the resolved cell as JSON (--cell, as the workflow calls it) or a line of `fedrepro cells` "
+                       "(CONFIG ... [--set ...] --cell-id ID).")
+    p.add_argument("configs", nargs="*", metavar="CONFIG", type=check.existing_file,
+                   help="with --cell-id: the experiment's config file(s)")
+    p.add_argument("--cell", type=check.json_object_text, help="resolved cell as JSON (the workflow's train rule passes it)")
+    p.add_argument("--cell-id", help="a cell as `fedrepro cells` prints it, e.g. digits/dir0.5(d4a81f8466)/local[local]/seed0 "
+                   "or digits/dir0.5/local/seed0")
+    _add_set(p)
+    p.add_argument("--shards", type=check.partition_dir,
+                   help="partition directory (with --cell-id: the workflow's results/shards/<dataset>/<id>)")
+    p.add_argument("--out-dir", type=check.output_dir,
+                   help="output folder (with --cell-id: results/<experiment>/debug/<dataset>/<partition>/<label>/seed<n>)")
     p.add_argument("--checkpoint", type=check.output_file, help="checkpoint file (written every training.checkpoint_every rounds)")
     p.add_argument("--device", default="auto", type=check.device, help="auto (CUDA when present), cpu, cuda, cuda:1, ...")
     p.add_argument("--threads", type=check.positive_int, default=None, help="torch CPU threads")
@@ -344,6 +501,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--csv", required=True, type=check.output_file)
     p.add_argument("--json", required=True, type=check.output_file)
     p.add_argument("--curves", required=True, type=check.output_file)
+    p.add_argument("--expect", nargs="+", metavar="CELL", help="per metrics file, in the same order, the cell it must "
+                   "belong to: experiment/dataset/partition/label/seed/cell_key (the aggregate rule passes them); "
+                   "a file of another cell is an error naming the file and the field")
     p.set_defaults(func=cmd_aggregate)
 
     p = sub.add_parser("tables", help="write paper-style tables", description="Write Markdown, LaTeX (booktabs) and CSV tables "
@@ -361,6 +521,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--clients", type=check.output_file, help="per-client accuracy PNG")
     p.add_argument("--tsne", type=check.output_file, help="t-SNE PNG of the clients of evaluation.embed_clients")
     p.set_defaults(func=cmd_plots)
+
+    p = sub.add_parser("status", help="progress of the cells of a results folder", description="Show the cells of "
+                       "results/<experiment> while the workflow runs: running (round r/R, last accuracy, time left), done, "
+                       "failed, stopped and pending, from the status files the training jobs write and the finished metrics.json.")
+    p.add_argument("results", type=check.input_dir, help="results/<experiment>")
+    p.add_argument("--watch", type=float, metavar="SECONDS", help="redraw every SECONDS until Ctrl-C")
+    p.set_defaults(func=cmd_status)
+
+    p = sub.add_parser("report-page", help="write the report's landing page", description="Write the reStructuredText "
+                       "landing page of `snakemake --report`: the main table inline, the learning curves, and what the "
+                       "experiment ran (the workflow's report_page rule).")
+    p.add_argument("--summary", required=True, type=check.existing_file, help="summary.csv")
+    p.add_argument("--spec", required=True, type=check.json_object_text,
+                   help="JSON: experiment, rounds, seeds, tuning (bool), paper (name or null)")
+    p.add_argument("--curves", nargs="*", default=[], type=check.existing_file, help="learning-curve PNGs to embed")
+    p.add_argument("--out", required=True, type=check.output_file)
+    p.set_defaults(func=cmd_report_page)
 
     p = sub.add_parser("paper-table", help="regenerate a paper table beside the published numbers",
                        description="Build one paper table from metrics.json files: per cell our mean ± std over seeds, "
@@ -384,6 +561,19 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
+#: exit status when the reader of our output went away (`fedrepro list methods | head`): 128 + SIGPIPE,
+#: what a shell reports for a command that SIGPIPE ended (as `yes | head` does)
+EXIT_BROKEN_PIPE = 141
+
+
+def _quiet_broken_pipe() -> int:
+    """Python's recipe (docs of `signal`, "Note on SIGPIPE"): point stdout at devnull so that the
+    interpreter's last flush does not raise again, and end quietly."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    return EXIT_BROKEN_PIPE
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run one subcommand. Bad arguments are one-line usage errors (exit 2) raised while parsing
     (fedrepro.cli_args), before any work. Errors of the user's input found later are one line too:
@@ -400,6 +590,9 @@ def main(argv: list[str] | None = None) -> int:
     prog = f"fedrepro {args.command}"
     try:
         args.func(args)
+        sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's last flush
+    except BrokenPipeError:
+        return _quiet_broken_pipe()
     except (ConfigError, DataMissingError, ShardChecksumError) as exc:
         check.print_error(prog, exc)
         return 2

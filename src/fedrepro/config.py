@@ -8,10 +8,11 @@ the value and what is allowed, and is raised before any job runs.
 from __future__ import annotations
 
 import copy
+import itertools
 import re
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import jsonschema
 import yaml
@@ -23,6 +24,7 @@ from .io import short_hash
 from .methods import METHODS
 from .models import MODELS, input_problem
 from .models.pretrain import PROXY_WEIGHTS, pretrain_spec
+from .overrides import blame, key_path, nested, parse_item
 from .registry import ConfigError, large_budgets_allowed, lift_hint, resolve_params, show
 from .tuning import apply_values, resolve_tuning
 
@@ -110,6 +112,90 @@ def _check_names(config: dict) -> None:
         for label in labels if isinstance(labels, dict) else ():
             if not isinstance(label, str) or not _NAME_RE.fullmatch(label):
                 raise ConfigError(f"config key '{section}' has the label {show(label)}; allowed: {NAME_RULE}")
+
+
+# -- sweeps: methods.<label>.sweep: {hparams.mu: [0.01, 0.1]} -> labels <label>-mu0.01, <label>-mu0.1
+SWEEP_ROOTS = ("hparams", "training", "model")  # what a sweep may vary: the keys of a methods entry
+
+
+def _sweep_text(where: str, value: Any) -> str:
+    """A swept value as it appears in a label (a name: letters, digits, '_', '.', '-')."""
+    if isinstance(value, bool) or value is None:
+        return {True: "true", False: "false", None: "null"}[value]
+    if isinstance(value, (int, float)):
+        return repr(value).replace("+", "")
+    if isinstance(value, str) and re.fullmatch(r"[A-Za-z0-9_.-]+", value):
+        return value
+    raise ConfigError(f"config key '{where}' has the value {show(value)}; allowed: numbers, booleans, null or names of "
+                      "letters, digits, '_', '.', '-' (a swept value becomes part of the label; give other values a "
+                      "label of their own in `methods`)")
+
+
+def _sweep_points(label: str, sweep: Any) -> list[tuple[str, dict]]:
+    """[(label, {dotted key: value})] of a methods entry's sweep: every combination of the values."""
+    where = f"methods.{label}.sweep"
+    flat: dict[str, Any] = {}
+
+    def walk(prefix: str, node: dict) -> None:  # {hparams: {mu: [..]}} and {hparams.mu: [..]} alike
+        for k, v in node.items():
+            if isinstance(v, dict):
+                walk(f"{prefix}{k}.", v)
+            else:
+                flat[f"{prefix}{k}"] = v
+
+    if isinstance(sweep, dict):
+        walk("", sweep)
+    if not flat:
+        raise ConfigError(f"config key '{where}' has value {show(sweep)}; allowed: a mapping of keys to lists of values, "
+                          "e.g. {hparams.mu: [0.01, 0.1, 1.0]}")
+    names = [k.rpartition(".")[2] for k in flat]
+    texts = []
+    for (key, values), name in zip(flat.items(), names):
+        if key.split(".")[0] not in SWEEP_ROOTS or "." not in key:
+            raise ConfigError(f"config key '{where}.{key}' is not a key of a methods entry; allowed: keys under "
+                              f"{', '.join(SWEEP_ROOTS)} (e.g. hparams.mu, training.optimizer.lr)")
+        if not isinstance(values, list) or not values:
+            raise ConfigError(f"config key '{where}.{key}' has value {show(values)}; allowed: a non-empty list of values")
+        shown = [_sweep_text(f"{where}.{key}", v) for v in values]
+        if len(set(shown)) < len(shown):
+            raise ConfigError(f"config key '{where}.{key}' has value {show(values)}; allowed: distinct values")
+        prefix = key.replace(".", "_") if names.count(name) > 1 else name
+        texts.append([f"{prefix}{t}" for t in shown])
+    points = []
+    for combo, text in zip(itertools.product(*flat.values()), itertools.product(*texts)):
+        new = "-".join((label, *text))
+        if not _NAME_RE.fullmatch(new):
+            raise ConfigError(f"config key '{where}' makes the label {show(new)}; allowed: {NAME_RULE} (shorten the label "
+                              "or the values)")
+        points.append((new, dict(zip(flat, combo))))
+    return points
+
+
+def expand_sweeps(config: Any) -> tuple[Any, dict[str, dict]]:
+    """(config with every methods entry that has a `sweep` replaced by one entry per point,
+    {generated label: {dotted key: value}}). Configs without sweeps come back unchanged."""
+    methods = config.get("methods") if isinstance(config, dict) else None
+    if not isinstance(methods, dict) or not any(isinstance(m, dict) and "sweep" in m for m in methods.values()):
+        return config, {}
+    out, sweeps = {}, {}
+    for label, entry in methods.items():
+        if not (isinstance(entry, dict) and "sweep" in entry):
+            out[label] = entry
+            continue
+        if config.get("tuning") is not None:
+            raise ConfigError(f"config key 'methods.{label}.sweep' is set in an experiment with `tuning`; allowed: a sweep "
+                              "or tuning, not both (tuning would replace the swept values by its own selection)")
+        base = {k: v for k, v in entry.items() if k != "sweep"}
+        base.setdefault("method", label)
+        for new, point in _sweep_points(label, entry["sweep"]):
+            if new in methods or new in out:
+                raise ConfigError(f"config key 'methods.{label}.sweep' makes the label {new!r}, which is already a label; "
+                                  "allowed: labels that differ from every other label")
+            merged = base
+            for key, value in point.items():
+                merged = _deep_update(merged, nested(key.split("."), value))
+            out[new], sweeps[new] = merged, point
+    return {**config, "methods": out}, sweeps
 
 
 def _allowed(err: jsonschema.ValidationError) -> str:
@@ -227,9 +313,10 @@ def load_config(path: str | Path) -> Any:
     return read_config_file(path)
 
 
-def load_experiment(paths: list[str | Path], overrides: dict | None = None) -> Any:
+def load_experiment(paths: list[str | Path], overrides: dict | None = None, sets: Sequence[str] = ()) -> Any:
     """The config the Snakefile runs: the strictly read files merged as Snakemake merges several
-    --configfile (a later file's keys win, nested mappings merged), then `--config` overrides."""
+    --configfile (a later file's keys win, nested mappings merged), then `overrides` (a mapping
+    merged as given), then the `--set` items (fedrepro.overrides)."""
     merged: Any = None
     for path in paths:
         obj = load_config(path)
@@ -237,7 +324,34 @@ def load_experiment(paths: list[str | Path], overrides: dict | None = None) -> A
     if overrides:
         check_plain(overrides)
         merged = _deep_update(merged if isinstance(merged, dict) else {}, plain_copy(dict(overrides)))
+    if sets:
+        merged, _ = apply_sets(merged, sets)
     return merged
+
+
+def apply_sets(config: Any, items: Sequence[str]) -> tuple[dict, list[tuple[str, str]]]:
+    """`config` with each `KEY=VALUE` item deep-merged in turn (as one more --configfile holding only
+    that key), and [(item, the dotted config key it set)]; ConfigError for a malformed item."""
+    config = config if isinstance(config, dict) else {}
+    applied = []
+    for item in items:
+        pieces, value = parse_item(item)
+        path = key_path(config, pieces)
+        config = _deep_update(config, nested(path, plain_copy(value)))
+        applied.append((item, ".".join(path)))
+    return config, applied
+
+
+def load_and_resolve(paths: list[str | Path], sets: Sequence[str] = ()) -> tuple[dict, dict[str, Any]]:
+    """(merged config, resolved experiment) of config files and `--set` items: only the merged
+    result must be a complete experiment. An error at a key an item set names the item."""
+    config, applied = load_experiment(paths), []
+    if sets:
+        config, applied = apply_sets(config, sets)
+    try:
+        return config, resolve_experiment(config)
+    except ConfigError as exc:
+        raise blame(exc, applied) from None
 
 
 def _deep_update(base: dict, new: dict) -> dict:
@@ -297,6 +411,9 @@ def _check_partition_size(label: str, ds: str, dsinfo: dict, spec: dict) -> None
         raise ConfigError(f"config key 'partitions.{label}.split' has value {show(split)}; allowed: a split that leaves every "
                           f"client training data ({scope} over {k} clients give {n / k:.2f} samples per client, "
                           f"{n / k * train_share:.2f} of them for training)")
+    if 2 * k > n and not spec.get("allow_empty_clients"):  # a training and a test sample each
+        raise ConfigError(f"config key 'partitions.{label}.num_clients' has value {k}; allowed: at most {n // 2} ({scope}: "
+                          "every client needs a training and a test sample), or allow_empty_clients: true")
 
 
 def _check_model_input(where: str, name: str, ds: str, params: dict, model_params: dict, given: dict | None,
@@ -329,6 +446,7 @@ def resolve_experiment(config: dict) -> dict[str, Any]:
     """
     check_plain(config)
     _check_names(config)
+    config, sweeps = expand_sweeps(config)
     _schema_errors(config)
     config = plain_copy(config)
     for label, p in config["partitions"].items():
@@ -433,6 +551,7 @@ def resolve_experiment(config: dict) -> dict[str, Any]:
                     "experiment": name, "dataset": ds, "partition": part["label"], "partition_id": part["id"],
                     "method": method, "label": label, "hparams": hp, "model": model,
                     "seed": seed, "training": t, "evaluation": evaluation,
+                    **({"sweep": sweeps[label]} if label in sweeps else {}),  # the swept values: summary.csv's sweep.* columns
                 })
         if len(cells) > BUDGETS["cells"] and not large_budgets_allowed():
             raise ConfigError(f"config key '(top level)' expands to more than {BUDGETS['cells']:,} cells (datasets x partitions "

@@ -146,7 +146,8 @@ def _yaml_type(node: yaml.Node) -> str:
             "tag:yaml.org,2002:float": "a number", "tag:yaml.org,2002:timestamp": "a date"}.get(node.tag, f"type {node.tag}")
 
 
-def _parse_yaml(text: str, name: str) -> Any:
+def _parse_yaml(text: str, name: str, source: str | None = None) -> Any:
+    label = source or _file(name)
     loader = _Loader(text)
     try:
         try:
@@ -155,10 +156,10 @@ def _parse_yaml(text: str, name: str) -> Any:
             mark = exc.problem_mark or exc.context_mark
             where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
             problem = " ".join(filter(None, [exc.context, exc.problem])) or "syntax error"
-            raise ConfigError(f"{_file(name)}: not valid YAML or JSON: {problem}{where}; allowed: a YAML or JSON mapping "
+            raise ConfigError(f"{label}: not valid YAML or JSON: {problem}{where}; allowed: a YAML or JSON mapping "
                               "(indent with spaces, quote values containing ': ' or '#')") from None
         except yaml.YAMLError as exc:
-            raise ConfigError(f"{_file(name)}: not valid YAML or JSON: {show(str(exc))}; allowed: a YAML or JSON mapping") from None
+            raise ConfigError(f"{label}: not valid YAML or JSON: {show(str(exc))}; allowed: a YAML or JSON mapping") from None
         except RecursionError:
             raise ConfigError(f"config key '(document)' is nested too deeply; allowed: at most {MAX_DEPTH} levels") from None
         if node is None:
@@ -167,19 +168,20 @@ def _parse_yaml(text: str, name: str) -> Any:
         try:
             return loader.construct_document(node)
         except (yaml.YAMLError, ValueError, TypeError) as exc:  # e.g. an integer of more than 4300 digits
-            raise ConfigError(f"{_file(name)}: a value cannot be read: {show(str(exc))}; allowed: plain YAML values") from None
+            raise ConfigError(f"{label}: a value cannot be read: {show(str(exc))}; allowed: plain YAML values") from None
     finally:
         loader.dispose()
 
 
-def parse_config_text(text: str, name: str = "<string>") -> Any:
-    """Parse config text (JSON first, as Snakemake does, else YAML) with every rule above."""
+def parse_config_text(text: str, name: str = "<string>", source: str | None = None) -> Any:
+    """Parse config text (JSON first, as Snakemake does, else YAML) with every rule above;
+    `source` names the text in messages (default: "config file <name>")."""
     try:
         obj = json.loads(text, object_pairs_hook=_json_pairs)
     except json.JSONDecodeError:
-        obj = _parse_yaml(text, name)
+        obj = _parse_yaml(text, name, source)
     except (ValueError, RecursionError) as exc:  # an integer too long to convert, nesting too deep
-        raise ConfigError(f"{_file(name)}: not valid JSON: {show(str(exc))}; allowed: a JSON or YAML mapping") from None
+        raise ConfigError(f"{source or _file(name)}: not valid JSON: {show(str(exc))}; allowed: a JSON or YAML mapping") from None
     check_plain(obj)
     return obj
 

@@ -9,7 +9,9 @@ import errno
 import hashlib
 import json
 import os
+import re
 import shutil
+import socket
 import tempfile
 import zlib
 from pathlib import Path
@@ -18,13 +20,77 @@ from typing import Any, Iterator
 import numpy as np
 
 
-def _umask() -> int:
-    mask = os.umask(0)
+def current_umask() -> int:
+    """The process's umask now (read from /proc where it can be, since os.umask can only be read by
+    setting it, which for a moment would give other threads' files no mask at all)."""
+    try:
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o077)
     os.umask(mask)
     return mask
 
 
-_UMASK = _umask()
+# Every temporary name fedrepro creates starts with TMP_PREFIX, then the host and the pid of
+# its creator: a job killed with SIGKILL leaves such names behind, and `clean_stale` (run by
+# the next partition / download / extraction in that folder) removes those whose creator is
+# certainly dead; .dvcignore keeps DVC from versioning them meanwhile.
+TMP_PREFIX = ".fedrepro-tmp"
+_TMP_NAME = re.compile(rf"^{re.escape(TMP_PREFIX)}\.([A-Za-z0-9-]+)\.(\d+)\.")
+
+
+def _host() -> str:
+    return re.sub(r"[^A-Za-z0-9-]", "-", socket.gethostname())[:63] or "localhost"
+
+
+def tmp_prefix(name: str) -> str:
+    """The prefix of a temporary name beside `name` (its own name shortened: NAME_MAX is 255)."""
+    return f"{TMP_PREFIX}.{_host()}.{os.getpid()}.{name[:100]}."
+
+
+def staging_dir(parent: str | os.PathLike, name: str, suffix: str = "") -> Path:
+    """A new, uniquely named folder in `parent` to build `name` in before it is renamed into
+    place; its mode follows the umask (mkdtemp's 0700 would hide the result from collaborators)."""
+    path = Path(tempfile.mkdtemp(prefix=tmp_prefix(name), suffix=suffix, dir=parent))
+    os.chmod(path, 0o777 & ~current_umask())
+    return path
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # EPERM: it exists, as another user's process
+        return True
+    return True
+
+
+def clean_stale(folder: str | os.PathLike) -> list[str]:
+    """Remove the temporary files and folders in `folder` left by fedrepro processes of this host
+    that are dead (killed before they could clean up); return their names. Names of live
+    processes, of other hosts (their pids mean nothing here) and anything else are left alone."""
+    removed = []
+    try:
+        entries = list(os.scandir(folder))
+    except OSError:
+        return removed
+    host = _host()
+    for entry in entries:
+        m = _TMP_NAME.match(entry.name)
+        if not m or m.group(1) != host or _pid_alive(int(m.group(2))):
+            continue
+        if entry.is_dir(follow_symlinks=False):
+            shutil.rmtree(entry.path, ignore_errors=True)
+        else:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(entry.path)
+        removed.append(entry.name)
+    return removed
 
 
 @contextlib.contextmanager
@@ -37,26 +103,47 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    fd, tmp = tempfile.mkstemp(prefix=tmp_prefix(path.name), suffix=".tmp", dir=path.parent)
     os.close(fd)
     tmp_path = Path(tmp)
-    os.chmod(tmp_path, 0o666 & ~_UMASK)  # mkstemp's 0600 would hide results from collaborators
+    os.chmod(tmp_path, 0o666 & ~current_umask())  # mkstemp's 0600 would hide results from collaborators
     try:
         yield tmp_path
         with open(tmp_path, "rb") as fh:
             os.fsync(fh.fileno())
         os.replace(tmp_path, path)
         fsync_dir(path.parent)
-    except OSError as exc:
+    except (OSError, RuntimeError) as exc:
         with contextlib.suppress(FileNotFoundError):
             tmp_path.unlink()
-        if exc.errno == errno.ENOSPC:  # name the file: the bare errno does not
-            raise OSError(exc.errno, f"No space left on device: cannot write {path} (nothing was written)") from exc
+        if _disk_full(exc, path.parent):  # name the file: the bare errno does not
+            raise OSError(errno.ENOSPC, f"No space left on device: cannot write {path} (nothing was written)") from exc
         raise
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             tmp_path.unlink()
         raise
+
+
+#: how torch's own file writer (torch.save to a path) reports a failed write: without the errno
+_TORCH_WRITE_FAILURES = ("unexpected pos", "PytorchStreamWriter failed writing")
+
+
+def _disk_full(exc: BaseException, folder: Path) -> bool:
+    """Whether `exc`, raised while writing into `folder`, is a full disk: OSError ENOSPC, also where
+    torch's RuntimeError for the failed write replaced it (it keeps it as its context), or torch's
+    RuntimeError alone on a file system that has (almost) no space left."""
+    seen, cause = 0, exc
+    while cause is not None and seen < 8:  # the chain torch's writer leaves: RuntimeError from OSError
+        if isinstance(cause, OSError):
+            return cause.errno == errno.ENOSPC
+        cause, seen = cause.__cause__ or cause.__context__, seen + 1
+    if not any(s in str(exc) for s in _TORCH_WRITE_FAILURES):
+        return False
+    try:
+        return shutil.disk_usage(folder).free < 1 << 20
+    except OSError:
+        return False
 
 
 def fsync_dir(path: str | os.PathLike) -> None:
@@ -104,7 +191,7 @@ def replace_dir(new: str | os.PathLike, dest: str | os.PathLike) -> None:
     elif _renameat2_exchange(str(new), str(dest)):
         shutil.rmtree(new, ignore_errors=True)  # `new` now holds the old content
     else:
-        trash = Path(tempfile.mkdtemp(prefix=f".{dest.name}.old.", dir=dest.parent))
+        trash = Path(tempfile.mkdtemp(prefix=tmp_prefix(f"{dest.name}.old"), dir=dest.parent))
         os.replace(dest, trash / dest.name)
         os.replace(new, dest)
         shutil.rmtree(trash, ignore_errors=True)

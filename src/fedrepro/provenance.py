@@ -12,6 +12,8 @@ from typing import Any
 
 import torch
 
+from .overrides import recorded
+
 PACKAGES = ("fedrepro", "torch", "torchvision", "numpy", "pyarrow", "pandas", "scikit-learn", "snakemake", "timm")
 
 
@@ -50,4 +52,5 @@ def collect(cell: dict, manifest: dict, device: torch.device, determinism: dict[
         "platform": platform.platform(),
         "slurm": {k: os.environ.get(k) for k in ("SLURM_JOB_ID", "SLURM_JOB_PARTITION", "SLURM_ARRAY_TASK_ID")},
         "command": sys.argv,
+        "overrides": recorded(),  # the --set / --config set= items of the run (the cell above is the result)
     }

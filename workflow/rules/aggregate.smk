@@ -1,4 +1,5 @@
 # All cells of the experiment -> summary files -> tables and plots (cheap, run locally).
+from fedrepro.custody import expected_token
 
 
 rule aggregate:
@@ -12,10 +13,14 @@ rule aggregate:
         "../envs/fedrepro.yaml"
     log:
         f"{OUT}/logs/aggregate.log",
+    params:
+        # per metrics file (all_metrics' order) the cell it must belong to: a copied, moved or
+        # stale file is an error naming it, not a wrong row
+        expect=lambda wildcards: [expected_token(c) for c in EXP["cells"]],
     localrule: True
     shell:
         "fedrepro aggregate {input:q} --csv {output.csv:q} --json {output.json:q} "
-        "--curves {output.curves:q} > {log:q} 2>&1"
+        "--curves {output.curves:q} --expect {params.expect:q} > {log:q} 2>&1"
 
 
 rule tables:
@@ -31,7 +36,7 @@ rule tables:
             )
             for t in TABLES
         ],
-        [f"{OUT}/tables/{t}.{ext}" for t in TABLES for ext in ("md", "tex")],
+        [f"{OUT}/tables/{t}.{ext}" for t in TABLES for ext in ("md", "tex", "meta.json")],
     conda:
         "../envs/fedrepro.yaml"
     log:
@@ -87,3 +92,30 @@ rule tsne_plot:
     shell:
         "fedrepro plots {input:q} --dataset {wildcards.dataset:q} --partition {wildcards.partition:q} "
         "--tsne {output:q} > {log:q} 2>&1"
+
+
+rule report_page:
+    input:
+        summary=f"{OUT}/summary.csv",
+        curves=[f"{OUT}/plots/curves_{d}_{p}.png" for d, p in sorted(PARTITIONS)],
+    output:
+        LANDING,
+    conda:
+        "../envs/fedrepro.yaml"
+    log:
+        f"{OUT}/logs/report_page.log",
+    params:
+        spec=landing_spec_json,
+    localrule: True
+    shell:
+        "fedrepro report-page --summary {input.summary:q} --spec {params.spec:q} --curves {input.curves:q} "
+        "--out {output:q} > {log:q} 2>&1"
+
+
+# The main table on the console when the whole run succeeded.
+onsuccess:
+    from fedrepro.report.landing import console_summary
+
+    text = console_summary(f"{OUT}/summary.csv")
+    if text:
+        print(text, file=sys.stderr)

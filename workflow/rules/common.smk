@@ -6,22 +6,25 @@ import os
 import re
 import sys
 
-from fedrepro.config import load_experiment, resolve_experiment
+from fedrepro.config import load_and_resolve
+from fedrepro.overrides import record, snakemake_items
 from fedrepro.registry import ConfigError
 
 try:
     # The config files are read again with fedrepro's strict reader (the one `fedrepro validate`
     # uses: no YTE, no tags, no duplicate keys, aliases within a small budget, finite numbers),
-    # whatever Snakemake's own reader made of them; --config overrides apply on top. Then the JSON
-    # schema in workflow/schemas/config.schema.yaml, every name and hyper-parameter against
-    # fedrepro's registries, the dataset sizes and the budgets. (The workflow profiles make
-    # Snakemake itself read --configfile strictly too: docs/security.md.)
+    # whatever Snakemake's own reader made of them, merged as Snakemake merges them; then the
+    # overrides of `--config set='training.rounds=1 seeds=[0,1]'` (fedrepro.overrides: the same
+    # items as `fedrepro validate --set`). Then the JSON schema in workflow/schemas/config.schema.yaml,
+    # every name and hyper-parameter against fedrepro's registries, the dataset sizes and the
+    # budgets. (The workflow profiles make Snakemake itself read --configfile strictly too:
+    # docs/security.md.)
     CONFIG_FILES = [str(p) for p in workflow.overwrite_configfiles] or [
         f"{workflow.basedir}/config/config.yaml"
     ]
-    EXP = resolve_experiment(
-        load_experiment(CONFIG_FILES, dict(workflow.config_settings.config))
-    )
+    OVERRIDES = snakemake_items(workflow.config_settings)
+    EXPERIMENT_CONFIG, EXP = load_and_resolve(CONFIG_FILES, OVERRIDES)
+    record(OVERRIDES)  # the training jobs inherit them: provenance.json "overrides"
 except ConfigError as exc:
     sys.exit(f"fedrepro: invalid experiment config: {exc}")
 
@@ -120,6 +123,22 @@ TABLES = [
 ]
 
 
+# The report's landing page (`report:` in the Snakefile, fedrepro/report/landing.py): written by the
+# report_page rule; until it exists the report falls back to workflow/report/description.rst.
+LANDING = f"{OUT}/report/description.rst"
+
+
+def report_description():
+    return os.path.abspath(LANDING) if os.path.exists(LANDING) else "workflow/report/description.rst"
+
+
+def landing_spec_json(wildcards=None):
+    seeds = sorted({c["seed"] for c in EXP["cells"]})
+    rounds = sorted({c["training"]["rounds"] for c in EXP["cells"]})
+    return json.dumps({"experiment": NAME, "rounds": ", ".join(map(str, rounds)), "seeds": seeds,
+                       "tuning": bool(EXP["tuning_cells"]), "paper": PAPER.paper.short if PAPER else None}, sort_keys=True)
+
+
 # clients whose representations are laid out by t-SNE after training (evaluation.embed_clients)
 EMBED_CLIENTS = EXP["cells"] and (EXP["cells"][0]["evaluation"].get("embed_clients") or [])
 
@@ -132,7 +151,7 @@ def final_outputs():
         + [f"{OUT}/plots/clients_{d}_{p}.png" for d, p in panels]
         + [f"{OUT}/plots/tsne_{d}_{p}.png" for d, p in panels if EMBED_CLIENTS]
         + [f"{shard_dir(d, p)}.png" for d, p in panels]
-        + [f"{OUT}/summary.json"]
+        + [f"{OUT}/summary.json", LANDING]
         + tuning_outputs()
     )
 

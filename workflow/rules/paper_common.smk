@@ -8,7 +8,7 @@ from fedrepro.report.papers import plan_paper_tables
 
 try:
     # Every mapped cell must be produced by the experiment (label, partition, model kind).
-    PAPER = plan_paper_tables(config, EXP, root=workflow.basedir)
+    PAPER = plan_paper_tables(EXPERIMENT_CONFIG, EXP, root=workflow.basedir)
 except ConfigError as exc:
     sys.exit(f"fedrepro: invalid experiment config: {exc}")
 

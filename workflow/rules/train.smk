@@ -52,3 +52,20 @@ rule train:
     shell:
         "fedrepro train --cell {params.cell:q} --shards {input.shards:q} --out-dir {params.out_dir:q} "
         "--checkpoint {params.checkpoint:q} --threads {threads} > {log:q} 2>&1"
+
+
+# Live progress (fedrepro/progress.py): every job this Snakemake process starts inherits the
+# status folder, where training processes rewrite their cell's status file each round. Set here,
+# not in the rules, so their code (and so every finished cell) stays as it was.
+from fedrepro.progress import STATUS_DIR_ENV
+
+os.environ[STATUS_DIR_ENV] = os.path.abspath(f"{OUT}/status")
+
+
+# When the run starts: the plan of cells (`fedrepro status` lists the pending ones), and a thread
+# that prints one line per evaluation of every training cell to this console.
+onstart:
+    from fedrepro.progress import ConsoleWatcher, write_plan
+
+    write_plan(OUT, EXP["cells"])
+    ConsoleWatcher(f"{OUT}/status").start()

@@ -66,9 +66,11 @@ def prepare_dataset(name: str, root: Path, params: dict | None = None) -> dict[s
     pinned checksum (fedrepro.data.downloads).
     """
     from fedrepro.data.downloads import recording
+    from fedrepro.io import clean_stale
 
     spec, resolved = _resolve(name, params)
     root = Path(root)
+    clean_stale(root)  # what a prepare job killed with SIGKILL left (its description's *.tmp, staging folders)
     with recording() as downloads:
         spec.prepare(root, resolved)
     raw = spec.load(root, resolved)

@@ -25,12 +25,12 @@ import hashlib
 import os
 import shutil
 import stat
-import tempfile
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Iterator
 
+from ..io import clean_stale, staging_dir
 from .base import DataMissingError
 
 ALLOW_UNPINNED_ENV = "FEDREPRO_ALLOW_UNPINNED_DOWNLOADS"
@@ -138,7 +138,8 @@ def fetch(d: Download, folder: str | os.PathLike) -> Path:
     from torchvision.datasets import utils as tvu  # looked up at call time (tests patch it)
 
     folder.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{d.filename}.", suffix=".download", dir=folder))
+    clean_stale(folder)  # downloads of killed jobs
+    tmp = staging_dir(folder, d.filename, ".download")
     try:
         if d.gdrive_id:
             tvu.download_file_from_google_drive(d.gdrive_id, str(tmp), d.filename)
@@ -168,7 +169,8 @@ def extract_zip(archive: str | os.PathLike, parent: str | os.PathLike, name: str
     archives expanding to more than MAX_EXTRACTED_BYTES or MAX_MEMBERS members."""
     parent = Path(parent)
     parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{name}.", suffix=".extracting", dir=parent))
+    clean_stale(parent)  # extractions of killed jobs
+    staging = staging_dir(parent, name, ".extracting")
     try:
         with zipfile.ZipFile(archive) as zf:
             infos = zf.infolist()

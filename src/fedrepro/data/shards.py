@@ -6,7 +6,16 @@ Layout of a partition directory `results/shards/<dataset>/<partition_id>/`:
       1 test, 2 val), x (fixed_size_binary: the sample's raw bytes; shape and dtype in
       the schema metadata), group_<name> (optional per-sample ids)
   manifest.json             the resolved spec, the source fingerprint, per-client sizes
-                            and class counts, and the sha256 of every shard
+                            and class counts, the sha256 of every shard, and `manifest_sha256`:
+                            the sha256 of the manifest's own canonical JSON (every other field)
+
+Reading trusts nothing in the folder beyond these hashes: the manifest's hash is checked
+first (so the normalisation, dtype, shape, client list, unseen flags and the shard of each
+client are the ones written), every shard path must be a plain file name listed in `files`
+naming a regular file inside the folder (checked before it is opened), its bytes are read
+once, hashed and parsed from that same buffer, and the client id and partition id stored
+in the shard's own metadata must be the slot it is read for. `PartitionIntegrityError`
+(a `ShardChecksumError`) names the file and the field.
 
 The partition id is a short hash of the spec (dataset, its params, partitioner, params,
 clients, split, seed), so partitions of one dataset coexist and an unchanged one is
@@ -18,10 +27,12 @@ reader never finds the partition folder missing.
 
 from __future__ import annotations
 
+import hashlib
 import inspect
+import json
 import os
 import shutil
-import tempfile
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,7 +42,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from .. import __version__
-from ..io import derive_seed, fsync_dir, read_json, replace_dir, sha256_file, short_hash, write_json_atomic
+from ..io import canonical_json, clean_stale, derive_seed, fsync_dir, replace_dir, sha256_file, short_hash, staging_dir, write_json_atomic
 from ..registry import ConfigError, resolve_params, show
 from .base import RawDataset
 from .partitioners import PARTITIONERS, split_client
@@ -42,10 +53,22 @@ FORMAT = "fedrepro.shards/2"  # 2: unseen clients, scarcity, the official test s
 MANIFEST = "manifest.json"
 OFFICIAL_TEST = "official_test.parquet"
 MAX_GROUP_IDS = 64  # a client's group ids are listed in the manifest up to this many
+MANIFEST_HASH = "manifest_sha256"  # the manifest's key holding the hash of all its other fields
+MAX_MANIFEST_BYTES = 256 << 20  # a manifest is KBs to a few MBs (100,000 clients); never read more
+REPARTITION = "delete the folder and rerun: the workflow rebuilds it from the raw data"
 
 
 class ShardChecksumError(RuntimeError):
-    """A shard's bytes do not match the sha256 its manifest recorded."""
+    """A partition's files do not match what its manifest recorded (a shard's sha256)."""
+
+
+class PartitionIntegrityError(ShardChecksumError):
+    """A manifest that is edited, unhashed or malformed, or a shard path that is not a regular file
+    of the partition, or a shard holding another client's or partition's data."""
+
+
+class EmptyClientsError(ConfigError):
+    """The partition leaves clients without training or test data, and the config does not allow it."""
 
 
 def resolve_partition_spec(spec: dict[str, Any]) -> dict[str, Any]:
@@ -81,6 +104,9 @@ def resolve_partition_spec(spec: dict[str, Any]) -> dict[str, Any]:
     if not isinstance(unseen, int) or isinstance(unseen, bool) or not 0 <= unseen < num_clients:
         raise ConfigError(f"{where}: key 'unseen_clients' has value {show(unseen)}; allowed: an integer in [0, num_clients - 1 = {num_clients - 1}]"
                           " (clients held out of training and evaluated after it)")
+    allow_empty = spec.get("allow_empty_clients", False)
+    if not isinstance(allow_empty, bool):
+        raise ConfigError(f"{where}: key 'allow_empty_clients' has value {show(allow_empty)}; allowed: true or false")
     return {
         "dataset": spec["dataset"],
         "dataset_params": dict(spec.get("dataset_params") or {}),
@@ -92,6 +118,8 @@ def resolve_partition_spec(spec: dict[str, Any]) -> dict[str, Any]:
         "seed": seed,
         "unseen_clients": unseen,
         "scarcity": _resolve_scarcity(spec.get("scarcity"), num_clients, where),
+        # only when set, so that the ids of partitions made before the key existed stay what they were
+        **({"allow_empty_clients": True} if allow_empty else {}),
     }
 
 
@@ -168,6 +196,64 @@ def make_partition(raw: RawDataset, spec: dict[str, Any]) -> list[dict[str, np.n
     return out
 
 
+def _ids(ids: list[int], limit: int = 20) -> str:
+    return ", ".join(map(str, ids[:limit])) + (f", ... ({len(ids) - limit} more)" if len(ids) > limit else "")
+
+
+def check_clients_usable(spec: dict[str, Any], pid: str, assignment: list[dict[str, np.ndarray]]) -> None:
+    """EmptyClientsError unless every client has a training and a test sample (or the spec allows
+    empty clients): a client without them is neither trained nor scored, and the averages over
+    "all clients" would silently be over fewer."""
+    if spec.get("allow_empty_clients"):
+        return
+    no_train = [cid for cid, s in enumerate(assignment) if not len(s["train"])]
+    no_test = [cid for cid, s in enumerate(assignment) if not len(s["test"])]
+    if not (no_train or no_test):
+        return
+    k = len(assignment)
+    bad = sorted(set(no_train) | set(no_test))
+    raise EmptyClientsError(
+        f"dataset '{spec['dataset']}', partition {pid} ({spec['partitioner']}, {k} clients): {len(bad)} of {k} clients "
+        f"have no training or no test data ({len(no_train)} without training data: [{_ids(no_train)}]; {len(no_test)} "
+        f"without test data: [{_ids(no_test)}]), so they would be neither trained nor scored; allowed: every client with "
+        "at least 1 training and 1 test sample: raise params.min_partition_size (or partition_size), use fewer clients "
+        "or a larger split.test_fraction, or set allow_empty_clients: true in the partition to keep them (left out of "
+        "the scores; metrics.json's clients.test_size shows which were scored)")
+
+
+FIELD_HASHES = "field_sha256"  # a short hash of each field (each client's entry apart): names what was edited
+
+
+def _digest(value: Any) -> str:
+    return hashlib.sha256(canonical_json(value).encode()).hexdigest()[:16]
+
+
+def _field_digests(manifest: dict[str, Any]) -> dict[str, str]:
+    out = {}
+    for key, value in manifest.items():
+        if key in (MANIFEST_HASH, FIELD_HASHES):
+            continue
+        if key == "clients" and isinstance(value, list):
+            out.update({f"clients[{i}]": _digest(c) for i, c in enumerate(value)})
+            out["clients.length"] = _digest(len(value))
+        else:
+            out[key] = _digest(value)
+    return out
+
+
+def manifest_hash(manifest: dict[str, Any]) -> str:
+    """sha256 of the manifest's canonical JSON, every field but `manifest_sha256` itself: what
+    metrics and provenance record to name the exact data a cell trained on."""
+    return hashlib.sha256(canonical_json({k: v for k, v in manifest.items() if k != MANIFEST_HASH}).encode()).hexdigest()
+
+
+def seal_manifest(manifest: dict[str, Any]) -> dict[str, Any]:
+    """The manifest as JSON will read it back, with its field hashes and its own hash added."""
+    body = json.loads(canonical_json({k: v for k, v in manifest.items() if k not in (MANIFEST_HASH, FIELD_HASHES)}))
+    body[FIELD_HASHES] = _field_digests(body)
+    return {**body, MANIFEST_HASH: manifest_hash(body)}
+
+
 def write_partition(raw: RawDataset, spec: dict[str, Any], out_dir: str | os.PathLike) -> dict[str, Any]:
     """Partition `raw` and write shards + manifest into `out_dir` atomically; return the manifest.
 
@@ -177,9 +263,11 @@ def write_partition(raw: RawDataset, spec: dict[str, Any], out_dir: str | os.Pat
     pid = partition_id(spec)
     out_dir = Path(out_dir)
     assignment = make_partition(raw, spec)
+    check_clients_usable(spec, pid, assignment)
     unseen = set(unseen_client_ids(spec))
     out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp_dir = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
+    clean_stale(out_dir.parent)  # the staging folders of partition jobs killed with SIGKILL
+    tmp_dir = staging_dir(out_dir.parent, out_dir.name)
     try:
         x2d = np.ascontiguousarray(raw.x).reshape(len(raw.x), -1).view(np.uint8)
         u2d = None if raw.unlabeled is None else np.ascontiguousarray(raw.unlabeled).reshape(len(raw.unlabeled), -1).view(np.uint8)
@@ -250,6 +338,7 @@ def write_partition(raw: RawDataset, spec: dict[str, Any], out_dir: str | os.Pat
             "official_test": official_test,
             "files": files,
         }
+        manifest = seal_manifest(manifest)
         write_json_atomic(tmp_dir / MANIFEST, manifest)
         fsync_dir(tmp_dir)
         replace_dir(tmp_dir, out_dir)
@@ -268,33 +357,157 @@ class ClientShard:
     y: dict[str, np.ndarray]
 
 
+def _integrity(path: Path, what: str) -> PartitionIntegrityError:
+    return PartitionIntegrityError(f"{path}: {what}")
+
+
+def _read_regular(path: Path, limit: int | None = None) -> bytes:
+    """The bytes of `path`, which must be a regular file (a FIFO, a device or a socket is refused
+    before it is read: none could hang or flood the job); at most `limit` bytes."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except FileNotFoundError:
+        raise ShardChecksumError(f"{path}: listed in the manifest but missing; {REPARTITION}") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise _integrity(path, "not a regular file (a FIFO, device, socket or folder); a partition holds only "
+                             "the files it wrote: refused without reading it")
+        if limit is not None and st.st_size > limit:
+            raise _integrity(path, f"{st.st_size:,} bytes; allowed: at most {limit:,}")
+        chunks, left = [], st.st_size
+        while left > 0 and (block := os.read(fd, min(left, 1 << 24))):
+            chunks.append(block)
+            left -= len(block)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
 def read_manifest(part_dir: str | os.PathLike) -> dict[str, Any]:
+    """The partition's manifest, refused (PartitionIntegrityError naming the field) unless its hash
+    matches its content and its fields have the shape the readers rely on."""
     path = Path(part_dir) / MANIFEST
-    if not path.exists():
+    if not os.path.lexists(path):
         raise FileNotFoundError(f"{path}: no partition manifest (was the partition step run?)")
-    return read_json(path)
+    if os.path.islink(path):
+        raise _integrity(path, "a symbolic link; the manifest must be a regular file of the partition folder")
+    try:
+        manifest = json.loads(_read_regular(path, MAX_MANIFEST_BYTES))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise _integrity(path, f"not valid JSON ({exc}); {REPARTITION}") from None
+    if not isinstance(manifest, dict):
+        raise _integrity(path, f"not a JSON object; {REPARTITION}")
+    expected = manifest.get(MANIFEST_HASH)
+    if expected is None:
+        raise _integrity(path, f"no field '{MANIFEST_HASH}' (written by fedrepro {manifest.get('fedrepro_version', '?')}, "
+                         f"before manifests were hashed), so its fields cannot be checked; {REPARTITION}")
+    if expected != manifest_hash(manifest):
+        stored = manifest.get(FIELD_HASHES)
+        now = _field_digests(manifest)
+        edited = sorted(k for k in set(now) | set(stored or {}) if (stored or {}).get(k) != now.get(k)) if isinstance(stored, dict) else []
+        fields = ", ".join(f"'{k}'" for k in edited[:5]) + (f" and {len(edited) - 5} more" if len(edited) > 5 else "")
+        what = f"field {fields} differs from what" if edited else f"field '{MANIFEST_HASH}' or '{FIELD_HASHES}' does not match what"
+        raise _integrity(path, f"{what} the partition step wrote (its hash in '{MANIFEST_HASH}' does not match); "
+                         f"the manifest was edited or corrupted; {REPARTITION}")
+    _check_fields(path, manifest)
+    return manifest
+
+
+def _check_fields(path: Path, m: dict[str, Any]) -> None:
+    """The fields the readers and the engine use have the types they expect (a manifest whose hash
+    was recomputed by hand is still held to them)."""
+    def need(ok: bool, field: str, value: Any, allowed: str) -> None:
+        if not ok:
+            raise _integrity(path, f"field '{field}' has value {show(value)}; allowed: {allowed}")
+
+    need(m.get("format") == FORMAT, "format", m.get("format"), FORMAT)
+    need(isinstance(m.get("partition_id"), str), "partition_id", m.get("partition_id"), "a string")
+    files = m.get("files")
+    need(isinstance(files, dict) and all(isinstance(v, str) for v in files.values()), "files", files, "{shard file name: sha256}")
+    for fname in files:
+        need(_plain_name(fname), "files", fname, "plain file names inside the partition folder (no '/', '..' or absolute path)")
+    clients = m.get("clients")
+    need(isinstance(clients, list) and all(isinstance(c, dict) for c in clients), "clients", clients, "a list of client entries")
+    for i, c in enumerate(clients):
+        need(c.get("id") == i, f"clients[{i}].id", c.get("id"), f"{i} (entries in client order)")
+        need(c.get("file") in files, f"clients[{i}].file", c.get("file"), "a file listed in 'files'")
+        need(isinstance(c.get("unseen", False), bool), f"clients[{i}].unseen", c.get("unseen"), "true or false")
+    need(m.get("num_clients") == len(clients), "num_clients", m.get("num_clients"), f"the {len(clients)} entries of 'clients'")
+    official = m.get("official_test")
+    need(official is None or (isinstance(official, dict) and official.get("file") in files), "official_test", official,
+         "null or an entry whose file is listed in 'files'")
+    shape = m.get("sample_shape")
+    need(isinstance(shape, list) and all(isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in shape),
+         "sample_shape", shape, "a list of positive integers")
+    try:
+        kind = np.dtype(m["dtype"]).kind if isinstance(m.get("dtype"), str) else None
+    except (TypeError, ValueError):
+        kind = None
+    need(kind in ("b", "i", "u", "f"), "dtype", m.get("dtype"), "a numeric numpy dtype")
+    for key in ("mean", "std"):
+        v = m.get(key)
+        need(isinstance(v, list) and bool(v) and all(isinstance(x, (int, float)) and not isinstance(x, bool) and np.isfinite(x)
+                                                     and (key == "mean" or x > 0) for x in v),
+             key, v, "a non-empty list of finite numbers" + (" > 0" if key == "std" else ""))
+
+
+def _plain_name(fname: Any) -> bool:
+    return (isinstance(fname, str) and fname not in ("", ".", "..") and "/" not in fname and "\\" not in fname
+            and "\0" not in fname and fname == os.path.basename(fname))
+
+
+def _shard_bytes(part_dir: Path, manifest: dict[str, Any], fname: str, verify: bool) -> bytes:
+    """The bytes of shard `fname`: a plain name listed in the manifest's `files`, a regular file in
+    the partition folder (a symbolic link only to one inside it), checked against its sha256."""
+    path = part_dir / str(fname)
+    if not _plain_name(fname) or fname not in manifest["files"]:
+        raise _integrity(path, "not a file the manifest lists in 'files' (a shard path must be a plain file name "
+                         "inside the partition folder)")
+    if os.path.islink(path):
+        root = os.path.realpath(part_dir)
+        if os.path.commonpath([root, os.path.realpath(path)]) != root:
+            raise _integrity(path, f"a symbolic link to {os.path.realpath(path)}, outside the partition folder; refused")
+    data = _read_regular(path)
+    if verify:
+        actual = hashlib.sha256(data).hexdigest()
+        expected = manifest["files"][fname]
+        if actual != expected:
+            raise ShardChecksumError(f"{path}: sha256 {actual} does not match the manifest's {expected}; the shard is "
+                                     "corrupted or was modified")
+    return data
 
 
 def verify_partition(part_dir: str | os.PathLike, manifest: dict[str, Any] | None = None) -> None:
-    """Raise ShardChecksumError naming the first shard whose sha256 differs from the manifest."""
+    """Raise ShardChecksumError naming the first shard whose sha256 differs from the manifest
+    (PartitionIntegrityError for an edited manifest or a shard path that is not one of the partition's files)."""
     part_dir = Path(part_dir)
     manifest = manifest or read_manifest(part_dir)
-    for fname, expected in manifest["files"].items():
-        path = part_dir / fname
-        if not path.exists():
-            raise ShardChecksumError(f"{path}: shard listed in the manifest is missing")
-        actual = sha256_file(path)
-        if actual != expected:
-            raise ShardChecksumError(f"{path}: sha256 {actual} does not match the manifest's {expected}; the shard is corrupted or was modified")
+    for fname in manifest["files"]:
+        _shard_bytes(part_dir, manifest, fname, verify=True)
 
 
-def read_shard(path: str | os.PathLike, manifest: dict[str, Any], owner: int | str) -> ClientShard:
-    """One shard file's arrays, split by name; the x bytes are viewed, not copied."""
-    table = pq.read_table(path)
+def read_shard(part_dir: str | os.PathLike, manifest: dict[str, Any], fname: str, owner: int | str,
+               verify: bool = True) -> ClientShard:
+    """One shard's arrays, split by name, parsed from the very bytes whose sha256 was checked;
+    the shard's own metadata must name `owner` and the manifest's partition (a shard moved to
+    another client's slot, or from another partition, is refused)."""
+    path = Path(part_dir) / str(fname)
+    table = pq.read_table(pa.BufferReader(_shard_bytes(Path(part_dir), manifest, fname, verify)))
+    meta = table.schema.metadata or {}
     shape = tuple(manifest["sample_shape"])
     dtype = np.dtype(manifest["dtype"])
+    stored = {"client_id": str(owner), "partition_id": manifest["partition_id"], "sample_shape": str(list(shape)),
+              "dtype": dtype.str}
+    for key, want in stored.items():
+        got = meta.get(f"fedrepro.{key}".encode(), b"").decode(errors="replace")
+        if got != want:
+            raise _integrity(path, f"the shard's metadata says {key} {got!r}, but the manifest reads it as {want!r}: it "
+                             f"holds another {'client' if key == 'client_id' else 'partition'}'s data; {REPARTITION}")
     xcol = table.column("x").combine_chunks()
     width = xcol.type.byte_width
+    if width != int(np.prod(shape)) * dtype.itemsize:
+        raise _integrity(path, f"samples of {width} bytes, not the {shape} {dtype} the manifest describes")
     buf = np.frombuffer(xcol.buffers()[1], dtype=np.uint8)[xcol.offset * width : (xcol.offset + len(xcol)) * width]
     x = buf.view(dtype).reshape((len(xcol),) + shape)
     y = table.column("label").to_numpy()
@@ -306,19 +519,22 @@ def read_shard(path: str | os.PathLike, manifest: dict[str, Any], owner: int | s
     return ClientShard(owner, xs, ys)
 
 
-def read_client(part_dir: str | os.PathLike, manifest: dict[str, Any], cid: int) -> ClientShard:
-    return read_shard(Path(part_dir) / manifest["clients"][cid]["file"], manifest, cid)
+def read_client(part_dir: str | os.PathLike, manifest: dict[str, Any], cid: int, verify: bool = True) -> ClientShard:
+    return read_shard(part_dir, manifest, manifest["clients"][cid]["file"], cid, verify)
 
 
 def read_official_test(part_dir: str | os.PathLike, manifest: dict[str, Any]) -> ClientShard | None:
     """The dataset's official test set, present when the partition did not pool it."""
     info = manifest.get("official_test")
-    return read_shard(Path(part_dir) / info["file"], manifest, "official_test") if info else None
+    return read_shard(part_dir, manifest, info["file"], "official_test") if info else None
 
 
 def load_partition(part_dir: str | os.PathLike, verify: bool = True) -> tuple[dict[str, Any], list[ClientShard]]:
-    """Read the manifest and every client's shard, checking checksums first."""
+    """The checked manifest (its hash under `manifest_sha256`) and every client's shard, each
+    checked against its sha256 as it is read; with `verify`, the other listed files too."""
     manifest = read_manifest(part_dir)
+    shards = [read_client(part_dir, manifest, c["id"], verify) for c in manifest["clients"]]
     if verify:
-        verify_partition(part_dir, manifest)
-    return manifest, [read_client(part_dir, manifest, c["id"]) for c in manifest["clients"]]
+        for fname in set(manifest["files"]) - {c["file"] for c in manifest["clients"]}:
+            _shard_bytes(Path(part_dir), manifest, fname, verify=True)
+    return manifest, shards

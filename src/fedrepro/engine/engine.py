@@ -13,9 +13,12 @@ from __future__ import annotations
 
 import copy
 import math
+import os
+import pickle
 import resource
 import sys
 import time
+import warnings
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
@@ -23,11 +26,14 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from ..custody import cell_identity, identity_mismatch, set_aside
 from ..io import atomic_path, derive_seed, short_hash
 from ..metrics import STATS, accuracy, harmonic_mean, macro_f1, summarize, type_summary
 from ..methods import METHODS, Method, Update, payload_bytes, select, weighted_average
 from ..methods.base import Batch, FitResult  # the engine <-> method contract (re-exported here)
 from ..models import SplitModel, build_model
+from ..registry import show
+from ..progress import CellProgress
 from .data import AUGMENTATIONS, Client, Split, _normaliser
 from .vectorized import ClientFit, compiled_model, fit_many, vectorize_blocker
 
@@ -59,6 +65,10 @@ OPTIMIZERS: dict[str, Callable[..., torch.optim.Optimizer]] = {
 # The rule applies to every method alike: the personal column of a method with personalized
 # models, and (exclude only) the global column, so every row is computed on the same clients.
 UNTRAINED_RULES = ("personalize", "initial", "exclude")
+
+
+class CheckpointRejected(Exception):
+    """Why a checkpoint is not resumed from (Engine.load_checkpoint moves it aside)."""
 
 
 class TrainingDiverged(RuntimeError):
@@ -130,6 +140,7 @@ class Engine:
         self.manifest = manifest
         self.num_classes = int(manifest["num_classes"])
         self.checkpoint_path = checkpoint
+        self._identity: dict[str, Any] | None = None
         self.progress = progress
         self.round = 0
         self._stream = 0
@@ -529,26 +540,90 @@ class Engine:
     def cell_key(self) -> str:
         return short_hash(self.cell)
 
+    def identity(self) -> dict[str, Any]:
+        """What a checkpoint of this cell carries and must match to be resumed from: the cell (its
+        hash covers every setting, a tuned cell's selected values included) and its shards."""
+        if self._identity is None:  # hashing the manifest once per cell, not per checkpoint
+            self._identity = cell_identity(self.cell, self.manifest, self.cell_key())
+        return self._identity
+
     def save_checkpoint(self, history: list, per_round: dict) -> None:
         if self.checkpoint_path is None:
             return
-        state = {"cell_key": self.cell_key(), "round": self.round, "server": self.method.server,
+        state = {"identity": self.identity(), "round": self.round, "server": self.method.server,
                  "clients": {c.id: c.state for c in self.clients}, "history": history, "per_round": per_round}
-        with atomic_path(self.checkpoint_path) as tmp:
-            torch.save(state, tmp)
+        # through a file object: a full disk is then the OSError ENOSPC that atomic_path names the
+        # file for (torch's own file writer reports it as "unexpected pos")
+        with atomic_path(self.checkpoint_path) as tmp, open(tmp, "wb") as fh:
+            torch.save(state, fh)
 
     def load_checkpoint(self) -> tuple[int, list, dict] | None:
+        """(round, history, per_round) of the checkpoint, with the server and client states restored;
+        None when there is none. A checkpoint that is damaged, of another cell or shards, or
+        inconsistent is never believed and never blocks: it is moved aside with a warning and the
+        cell starts from round 0."""
         path = self.checkpoint_path
-        if path is None or not path.exists():
+        if path is None or not os.path.lexists(path):
             return None
-        state = torch.load(path, map_location=self.device, weights_only=True)
-        if state.get("cell_key") != self.cell_key():
-            print(f"[fedrepro] ignoring checkpoint {path}: it belongs to another configuration", file=sys.stderr)
+        try:
+            state = self._checked_checkpoint(path)
+        except CheckpointRejected as exc:
+            moved = set_aside(path, str(exc))
+            print(f"[fedrepro] warning: checkpoint {path} {exc}; moved aside to {moved.name}, "
+                  "the cell starts from round 0", file=sys.stderr)
             return None
         self.method.server = state["server"]
         for c in self.clients:
             c.state = state["clients"].get(c.id, {})
         return state["round"], state["history"], state["per_round"]
+
+    def _checked_checkpoint(self, path: Path) -> dict[str, Any]:
+        """The checkpoint's state, or CheckpointRejected saying what is wrong with it."""
+        if not path.is_file() or path.is_symlink():
+            raise CheckpointRejected("is not a regular file")
+        try:
+            with warnings.catch_warnings():  # torch warns about foreign pickle protocols: the rejection says enough
+                warnings.simplefilter("ignore")
+                state = torch.load(path, map_location=self.device, weights_only=True)
+        except pickle.UnpicklingError:  # never repeat torch's advice to load it with weights_only=False
+            raise CheckpointRejected("holds objects other than tensors and plain containers (refused by "
+                                     "torch.load(weights_only=True))") from None
+        except Exception as exc:  # truncated, not a zip archive, unreadable: anything torch cannot load
+            detail = (str(exc).splitlines() or [""])[0][:120]
+            detail = "" if "weights_only" in str(exc) else f": {detail}"
+            raise CheckpointRejected(f"cannot be read ({type(exc).__name__}{detail}); it is truncated or damaged") from None
+        if not isinstance(state, dict) or not {"identity", "round", "server", "clients", "history", "per_round"} <= set(state):
+            keys = sorted(map(str, state)) if isinstance(state, dict) else type(state).__name__
+            raise CheckpointRejected(f"is not a fedrepro checkpoint of this version (it has {show(keys)})")
+        problem = identity_mismatch(state["identity"], self.identity())
+        if problem:
+            raise CheckpointRejected(f"belongs to another cell or partition ({problem})")
+        done, rounds = state["round"], self.training["rounds"]
+        if not isinstance(done, int) or isinstance(done, bool) or not 1 <= done < rounds:
+            raise CheckpointRejected(f"has round {show(done)}; allowed: 1 <= round < {rounds}")
+        problem = self._history_problem(done, state["history"], state["per_round"])
+        if problem:
+            raise CheckpointRejected(f"is inconsistent after round {done}: {problem}")
+        if not isinstance(state["clients"], dict) or not set(state["clients"]) <= {c.id for c in self.clients}:
+            raise CheckpointRejected("has client states of clients this partition does not train")
+        return state
+
+    def _history_problem(self, done: int, history: Any, per_round: Any) -> str | None:
+        """What is wrong with a checkpoint's records after round `done`, or None: `per_round` has one
+        entry per round, and `history` one record per evaluated round (training.eval_every) with
+        that round's training loss."""
+        if not isinstance(per_round, dict) or any(not isinstance(per_round.get(k), list) or len(per_round[k]) != done
+                                                  for k in ("up", "down", "train_loss")):
+            return f"per_round must hold {done} values each of up, down and train_loss"
+        evaluated = [r for r in range(1, done + 1) if r % self.training["eval_every"] == 0]
+        if not isinstance(history, list) or not all(isinstance(h, dict) for h in history):
+            return "its history is not a list of records"
+        got = [h.get("round") for h in history]
+        if got != evaluated:
+            return f"its history has the evaluated rounds {show(got)}; expected {show(evaluated)}"
+        if any(h.get("train_loss") != per_round["train_loss"][h["round"] - 1] for h in history):
+            return "its history's training losses differ from per_round's"
+        return None
 
     # -- the loop ------------------------------------------------------------------------------
     def train_round(self, r: int) -> tuple[list[Update], int, int]:
@@ -589,7 +664,7 @@ class Engine:
             done, history, per_round = resumed
             start = done + 1
             print(f"[fedrepro] resuming from the checkpoint after round {done}", file=sys.stderr)
-        bar = _progress(rounds, start - 1, self.progress)
+        bar = _progress(rounds, start - 1, self.progress, self.cell)
         for r in range(start, rounds + 1):
             self.round = r
             t1 = time.perf_counter()
@@ -607,7 +682,7 @@ class Engine:
                 record["train_loss"] = train_loss
                 history.append(record)
                 eval_time += time.perf_counter() - t2
-                bar.update(r, _headline(record, [len(c.test) for c in self.clients]), train_loss)
+                bar.update(r, _accuracies(record, [len(c.test) for c in self.clients]), train_loss)
             else:
                 bar.update(r, None, train_loss)
             if r % t["checkpoint_every"] == 0 and r < rounds:
@@ -668,29 +743,33 @@ class Engine:
 _NO_SCORE = (math.nan, math.nan)  # accuracy and F1 of a client left out (excluded by the untrained rule)
 
 
-def _headline(record: dict, test_sizes: list[int]) -> str:
+def _accuracies(record: dict, test_sizes: list[int]) -> dict[str, float]:
+    """The evaluated round's test accuracy (weighted over clients) per model kind."""
     stats = summaries(record, "test", test_sizes)
-    return ", ".join(f"{kind} acc {stats[f'{kind}_acc']['weighted_mean']:.4f}" for kind in ("global", "personal")
-                     if f"{kind}_acc" in stats and not math.isnan(stats[f"{kind}_acc"]["weighted_mean"]))
+    return {kind: stats[f"{kind}_acc"]["weighted_mean"] for kind in ("global", "personal")
+            if f"{kind}_acc" in stats and not math.isnan(stats[f"{kind}_acc"]["weighted_mean"])}
 
 
 class _progress:
     """Round progress with the current accuracy: a tqdm bar on a terminal, one line per
-    round in a log file (Snakemake logs are files)."""
+    round in a log file (Snakemake logs are files); under the workflow also a status file and
+    compact console lines (fedrepro.progress: side channels that never touch the results)."""
 
-    def __init__(self, total: int, initial: int, enabled: bool):
+    def __init__(self, total: int, initial: int, enabled: bool, cell: dict | None = None):
         self.total, self.enabled, self.last = total, enabled, ""
         self.bar = None
+        self.live = CellProgress(cell, total, initial)
         if enabled and sys.stderr.isatty():
             from tqdm import tqdm
 
             self.bar = tqdm(total=total, initial=initial, desc="rounds", file=sys.stderr)
 
-    def update(self, r: int, headline: str | None, loss: float) -> None:
+    def update(self, r: int, acc: dict[str, float] | None, loss: float) -> None:
+        self.live.update(r, acc, loss)
         if not self.enabled:
             return
-        if headline:
-            self.last = f"{headline} (evaluated at round {r})"
+        if acc:
+            self.last = ", ".join(f"{kind} acc {v:.4f}" for kind, v in acc.items()) + f" (evaluated at round {r})"
         text = f"loss {loss:.4f}" + (f", {self.last}" if self.last else "")
         if self.bar is not None:
             self.bar.set_postfix_str(text, refresh=False)
@@ -699,6 +778,7 @@ class _progress:
             print(f"[fedrepro] round {r}/{self.total}: {text}", file=sys.stderr, flush=True)
 
     def close(self) -> None:
+        self.live.close()
         if self.bar is not None:
             self.bar.close()
 
@@ -719,6 +799,13 @@ def summaries(record: dict, split: str, weights: list[int]) -> dict[str, dict[st
             for metric in ("acc", "f1"):
                 out[f"{kind}_{metric}"] = summarize(record[key][metric], weights)
     return out
+
+
+def metrics_cell(cell: dict) -> dict:
+    """The cell's identity in metrics.json (what the summary's columns come from): a swept cell
+    also carries its swept values (config key methods.<label>.sweep)."""
+    return ({k: cell[k] for k in ("experiment", "dataset", "partition", "partition_id", "method", "label", "seed")}
+            | {"model": cell["model"]["name"]} | ({"sweep": cell["sweep"]} if "sweep" in cell else {}))
 
 
 def build_metrics(cell: dict, clients: list[Client], history: list[dict], per_round: dict, resources: dict,
@@ -769,8 +856,7 @@ def build_metrics(cell: dict, clients: list[Client], history: list[dict], per_ro
                     "summary": {k: _clean_stats(v) for k, v in summaries(history[best], "test", test_sizes).items()}}
     return {
         "schema": "fedrepro.metrics/1",
-        "cell": {k: cell[k] for k in ("experiment", "dataset", "partition", "partition_id", "method", "label", "seed")}
-                | {"model": cell["model"]["name"]},
+        "cell": metrics_cell(cell),
         "status": "ok",
         "failure": None,
         "rounds": history[-1]["round"],

@@ -9,11 +9,12 @@ from typing import Any
 
 import torch
 
+from ..custody import cell_identity
 from ..data.shards import load_partition, read_official_test
 from ..io import write_json_atomic
 from ..provenance import collect
 from .data import load_clients, load_split
-from .engine import Engine, TrainingDiverged
+from .engine import Engine, TrainingDiverged, metrics_cell
 
 
 def pick_device(name: str = "auto") -> torch.device:
@@ -39,19 +40,22 @@ def set_determinism(deterministic: bool) -> dict[str, Any]:
     return {"use_deterministic_algorithms": deterministic, "cudnn_benchmark": False, "tf32": False}
 
 
-def failed_metrics(cell: dict, reason: str, round: int | None) -> dict[str, Any]:
+def failed_metrics(cell: dict, reason: str, round: int | None, identity: dict[str, Any]) -> dict[str, Any]:
     return {
+        "identity": identity,
         "schema": "fedrepro.metrics/1",
-        "cell": {k: cell[k] for k in ("experiment", "dataset", "partition", "partition_id", "method", "label", "seed")}
-                | {"model": cell["model"]["name"]},
+        "cell": metrics_cell(cell),
         "status": "failed",
         "failure": {"reason": reason, "round": round},
     }
 
 
 def train_cell(cell: dict, shards_dir: str | Path, out_dir: str | Path, checkpoint: str | Path | None = None,
-               device: str = "auto", threads: int | None = None, progress: bool = True) -> dict[str, Any]:
-    """Train `cell` on the partition in `shards_dir`; write metrics.json and provenance.json."""
+               device: str = "auto", threads: int | None = None, progress: bool = True,
+               cell_key: str | None = None) -> dict[str, Any]:
+    """Train `cell` on the partition in `shards_dir`; write metrics.json and provenance.json, both
+    with the cell's identity (fedrepro.custody.cell_identity; `cell_key`: the hash of the cell as
+    the workflow resolved it, where `cell` is a tuned one, else the hash of `cell`)."""
     out_dir = Path(out_dir)
     if threads:
         torch.set_num_threads(threads)
@@ -72,12 +76,13 @@ def train_cell(cell: dict, shards_dir: str | Path, out_dir: str | Path, checkpoi
     print(f"[fedrepro] training cell {label} on {dev} ({len(clients)} clients, {cell['training']['rounds']} rounds)", file=sys.stderr)
     engine = Engine(cell, manifest, clients, dev, Path(checkpoint) if checkpoint else None, progress=progress,
                     official_test=load_split(manifest, official, "test", dev) if official else None)
+    identity = cell_identity(cell, manifest, cell_key)
     try:
-        metrics = engine.run()
+        metrics = engine.run() | {"identity": identity}
     except TrainingDiverged as exc:
         print(f"[fedrepro] cell {label} FAILED: {exc.reason}", file=sys.stderr)
-        metrics = failed_metrics(cell, exc.reason, exc.round)
-    write_json_atomic(out_dir / "provenance.json", collect(cell, manifest, dev, determinism))
+        metrics = failed_metrics(cell, exc.reason, exc.round, identity)
+    write_json_atomic(out_dir / "provenance.json", collect(cell, manifest, dev, determinism) | {"identity": identity})
     write_json_atomic(out_dir / "metrics.json", metrics)
     if checkpoint and Path(checkpoint).exists():
         Path(checkpoint).unlink()

@@ -16,8 +16,8 @@ from typing import Any, Iterable
 import numpy as np
 import pandas as pd
 
-from fedrepro.io import atomic_path, read_json, write_json_atomic
-from fedrepro.registry import ConfigError
+from fedrepro.custody import ResultsError, check_unique, parse_token, read_metrics, warn_unchecked
+from fedrepro.io import atomic_path, write_json_atomic
 
 SCHEMA = "fedrepro.metrics/1"
 # Model kinds: each client's own test split (global, personal); after training, the unseen
@@ -46,15 +46,17 @@ CURVE_COLUMNS = ["dataset", "partition", "label", "kind", "seed", "round", "metr
 DECIMALS = 6
 
 
-def load_cells(paths: Iterable[str | Path]) -> list[dict]:
-    """Read metrics files (in the given order); raise ConfigError on a foreign schema."""
-    cells = []
-    for path in paths:
-        cell = read_json(path)
-        if not isinstance(cell, dict) or cell.get("schema") != SCHEMA or not isinstance(cell.get("cell"), dict):
-            got = cell.get("schema") if isinstance(cell, dict) else type(cell).__name__
-            raise ConfigError(f"{path}: not a metrics file (schema {got!r}); allowed: {SCHEMA!r}")
-        cells.append(cell)
+def load_cells(paths: Iterable[str | Path], expect: list[str] | None = None) -> list[dict]:
+    """Read metrics files (in the given order) bounded and type-checked (fedrepro.custody.read_metrics);
+    `expect`: per file, the cell it must belong to (custody.expected_token). Two files of one cell,
+    or files of several experiments, are refused too. Any problem is a ResultsError naming the file."""
+    paths = list(paths)
+    if expect is not None and len(expect) != len(paths):
+        raise ResultsError(f"--expect names {len(expect)} cell(s) for {len(paths)} metrics file(s); allowed: one per file")
+    expected = [parse_token(t) for t in expect] if expect is not None else [None] * len(paths)
+    cells = [read_metrics(path, e) for path, e in zip(paths, expected)]
+    check_unique(cells, paths)
+    warn_unchecked([p for p, c in zip(paths, cells) if c.get("identity") is None])
     return cells
 
 
@@ -107,7 +109,7 @@ def summary_frame(cells: list[dict]) -> pd.DataFrame:
             "num_clients": _num(len(_get(cell, "clients", "ids") or [])) if ok else math.nan,
             "untrained_clients": _num(_get(cell, "clients", "untrained")),
             "untrained_rule": _get(cell, "clients", "untrained_rule"),
-        }
+        } | sweep_columns(cell)
         for kind in cell_kinds(cell) if ok else ["failed"]:
             row = dict(base, kind=kind)
             for m in METRICS:
@@ -120,7 +122,18 @@ def summary_frame(cells: list[dict]) -> pd.DataFrame:
                 row[column] = _num(_get(cell, "summary", f"{kind}_types", stat)) if ok else math.nan
             row["cluster_acc"] = _num(_get(cell, "method", "cluster_acc")) if ok and kind == "global" else math.nan
             rows.append(row)
-    return pd.DataFrame(rows, columns=SUMMARY_COLUMNS)
+    swept = _ordered(k for row in rows for k in row if k.startswith(SWEEP_PREFIX))
+    return pd.DataFrame(rows, columns=SUMMARY_COLUMNS + swept)
+
+
+#: summary columns of a swept cell's values (config key methods.<label>.sweep): sweep.hparams.mu, ...
+SWEEP_PREFIX = "sweep."
+
+
+def sweep_columns(cell: dict) -> dict:
+    """{sweep.<dotted key>: value} of a swept cell (metrics.json cell.sweep); {} for any other cell."""
+    sweep = _get(cell, "cell", "sweep")
+    return {f"{SWEEP_PREFIX}{k}": v for k, v in sweep.items()} if isinstance(sweep, dict) else {}
 
 
 def _ordered(values: Iterable) -> list:
@@ -187,6 +200,12 @@ def metrics_json(frame: pd.DataFrame) -> dict:
             if (value := _round(r.mean)) is not None:
                 entry[col] = value
             entry["n_seeds"], entry["n_failed"] = int(r.n_seeds), int(r.n_failed)
+    swept = [c for c in frame.columns if c.startswith(SWEEP_PREFIX)]
+    for r in frame[GROUP + swept].drop_duplicates(GROUP).itertuples(index=False) if swept else ():
+        entry = _get(out, r[0], r[1], r[2], r[3])
+        for col, value in zip(swept, r[4:]):
+            if isinstance(entry, dict) and not pd.isna(value):
+                entry[col] = value.item() if hasattr(value, "item") else value
     return out
 
 
@@ -208,7 +227,9 @@ def curves_frame(cells: list[dict]) -> pd.DataFrame:
 
     Columns: dataset, partition, label, kind, seed, round, metric, stat, value. Model
     metrics have kind global/personal, metric acc/f1 and stat as in the summary; the
-    training loss has kind "train", metric "train_loss", stat "value". A round without a
+    training loss has kind "train", metric "train_loss", stat "value", at every round
+    (metrics.json `train_loss_per_round`; the evaluated rounds' `curves.train_loss` in files without
+    it). A round without a
     value (a column not scored there: `training.personal_eval_every`) has no row, so plots
     join the rounds that have one.
     """
@@ -220,8 +241,8 @@ def curves_frame(cells: list[dict]) -> pd.DataFrame:
         ident = cell_ident(cell)
         rounds = list(curves["round"])
 
-        def add(kind: str, metric: str, stat: str, values: Any) -> None:
-            scored = [(r, v) for r, v in zip(rounds, _series(values, len(rounds))) if not math.isnan(v)]
+        def add(kind: str, metric: str, stat: str, values: Any, at: list[int] = rounds) -> None:
+            scored = [(r, v) for r, v in zip(at, _series(values, len(at))) if not math.isnan(v)]
             if scored:
                 parts.append(pd.DataFrame({
                     "dataset": ident["dataset"], "partition": ident["partition"], "label": ident["label"],
@@ -233,7 +254,11 @@ def curves_frame(cells: list[dict]) -> pd.DataFrame:
             for m in METRICS:
                 for s in STATS:
                     add(kind, m, s, _get(curves, f"{kind}_{m}", s))
-        add("train", "train_loss", "value", curves.get("train_loss"))
+        per_round = cell.get("train_loss_per_round")
+        if isinstance(per_round, list) and per_round:
+            add("train", "train_loss", "value", per_round, list(range(1, len(per_round) + 1)))
+        else:
+            add("train", "train_loss", "value", curves.get("train_loss"))
     if not parts:
         return pd.DataFrame(columns=CURVE_COLUMNS)
     return pd.concat(parts, ignore_index=True)[CURVE_COLUMNS]

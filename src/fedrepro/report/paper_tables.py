@@ -533,11 +533,10 @@ def tests_frame(res: TableResult) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=TEST_COLUMNS)
 
 
-def _write_csv(path: Path, frame: pd.DataFrame, header: list[str]) -> None:
+def _write_csv(path: Path, frame: pd.DataFrame) -> None:
+    """A plain CSV (pd.read_csv reads it as is): the title and notes are in the .md and .html beside it."""
     with atomic_path(path) as tmp:
-        with open(tmp, "w", newline="") as fh:
-            fh.write("".join(f"# {h}\n" for h in header))
-            frame.round(6).to_csv(fh, index=False)
+        frame.round(6).to_csv(tmp, index=False)
 
 
 def write_table(res: TableResult, out_prefix: str | Path) -> list[Path]:
@@ -548,9 +547,8 @@ def write_table(res: TableResult, out_prefix: str | Path) -> list[Path]:
     write_text_atomic(paths[".md"], to_markdown(res))
     write_text_atomic(paths[".tex"], to_latex(res, label))
     write_text_atomic(paths[".html"], to_html(res))
-    head = [f"{label}: {title(res)}", *notes(res)]
-    _write_csv(paths[".csv"], cells_frame(res), head)
-    _write_csv(paths["_tests.csv"], tests_frame(res), [f"{label}: paired tests (report/stats.py)"])
+    _write_csv(paths[".csv"], cells_frame(res))
+    _write_csv(paths["_tests.csv"], tests_frame(res))
     return list(paths.values())
 
 

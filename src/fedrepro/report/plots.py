@@ -60,11 +60,37 @@ def _band(ax: plt.Axes, series: pd.DataFrame, scale: float, **style) -> plt.Line
     return line
 
 
+def distinct_series(curves: pd.DataFrame, by: list[str], name) -> list[tuple[str, pd.DataFrame, tuple]]:
+    """The groups of `curves` by `by`, each drawn once: a group whose (seed, round, value) rows equal
+    an earlier group's (the same model under two names, e.g. fedavg and fedavg_ft's global model)
+    joins its legend entry, "fedavg = fedavg_ft (global)". Returns (legend, rows, first key)."""
+    out: dict[tuple, list] = {}
+    for key, g in curves.groupby(by, sort=False):
+        key = key if isinstance(key, tuple) else (key,)
+        values = tuple(map(tuple, g[["seed", "round", "value"]].sort_values(["seed", "round"]).astype(str).to_numpy()))
+        out.setdefault(values, [g, key, []])[2].append(key)
+    return [(_joined([name(*k) for k in keys]), g, first) for g, first, keys in out.values()]
+
+
+def _joined(names: list[str]) -> str:
+    """"fedavg (global)", "fedavg_ft (global)" -> "fedavg = fedavg_ft (global)"."""
+    suffixes = {n[n.rfind(" ("):] if n.endswith(")") and " (" in n else "" for n in names}
+    if len(names) > 1 and len(suffixes) == 1 and (suffix := suffixes.pop()):
+        return " = ".join(n.removesuffix(suffix) for n in names) + suffix
+    return " = ".join(names)
+
+
 def plot_curves(frame_or_cells: pd.DataFrame | list[dict], dataset: str, partition: str, out_path: str | Path) -> None:
-    """Accuracy (weighted mean over clients, %) and train loss vs round for one dataset × partition.
+    """`curves_figure` saved to `out_path`."""
+    _save(curves_figure(frame_or_cells, dataset, partition), out_path)
+
+
+def curves_figure(frame_or_cells: pd.DataFrame | list[dict], dataset: str, partition: str) -> plt.Figure:
+    """Accuracy (weighted mean over clients, %) and train loss (every round) vs round for one dataset × partition.
 
     Accepts a `curves_frame` or the cells themselves (then failed seeds are named in the title).
-    One line per (label, kind): mean over seeds, min–max band over seeds.
+    One line per (label, kind): mean over seeds, min–max band over seeds; identical series are
+    drawn once with a joined legend entry. Each panel has its own legend.
     """
     failed: list[str] = []
     if isinstance(frame_or_cells, pd.DataFrame):
@@ -75,31 +101,29 @@ def plot_curves(frame_or_cells: pd.DataFrame | list[dict], dataset: str, partiti
         failed = [f"{cell_ident(c)['label']} (seed {cell_ident(c)['seed']})" for c in cells if not is_ok(c)]
     curves = curves[(curves["dataset"] == dataset) & (curves["partition"] == partition)]
     colors = _colors(list(dict.fromkeys(curves["label"])))
-    fig, (ax_acc, ax_loss) = plt.subplots(1, 2, figsize=(11, 4.5), layout="constrained")
+    fig, (ax_acc, ax_loss) = plt.subplots(1, 2, figsize=(12, 4.8), layout="constrained")
 
     acc = curves[(curves["metric"] == "acc") & (curves["stat"] == "weighted_mean")]
-    handles = []
-    for (label, kind), g in acc.groupby(["label", "kind"], sort=False):
-        handles.append(_band(ax_acc, g, 100.0, color=colors[label], linestyle=_STYLE.get(kind, "-"),
-                             label=row_name(label, kind)))
+    for legend, g, (label, kind) in distinct_series(acc, ["label", "kind"], row_name):
+        _band(ax_acc, g, 100.0, color=colors[label], linestyle=_STYLE.get(kind, "-"), label=legend)
     loss = curves[curves["metric"] == "train_loss"]
-    for label, g in loss.groupby("label", sort=False):
-        _band(ax_loss, g, 1.0, color=colors[label], label=label)
+    for legend, g, (label,) in distinct_series(loss, ["label"], str):
+        _band(ax_loss, g, 1.0, color=colors[label], label=legend)
 
     ax_acc.set(xlabel="round", ylabel="accuracy (%), weighted over clients", title="test accuracy")
-    ax_loss.set(xlabel="round", ylabel="train loss", title="train loss")
+    ax_loss.set(xlabel="round", ylabel="train loss (mean over sampled clients)", title="train loss, every round")
     for ax, empty in ((ax_acc, acc.empty), (ax_loss, loss.empty)):
         ax.grid(alpha=0.3)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         if empty:
             _no_data(ax)
-    if handles:
-        fig.legend(handles=handles, loc="outside lower center", ncols=min(len(handles), 4), frameon=False)
+        else:
+            ax.legend(fontsize="small", loc="upper center", bbox_to_anchor=(0.5, -0.14), ncols=2, frameon=False)
     title = f"{dataset} / {partition}"
     if failed:
         title += "\nfailed: " + ", ".join(failed)
     fig.suptitle(title)
-    _save(fig, out_path)
+    return fig
 
 
 def plot_client_distribution(cells: list[dict], dataset: str, partition: str, out_path: str | Path) -> None:

@@ -1,6 +1,9 @@
 """Paper-style tables: methods as rows, dataset × partition as columns, "mean ± std" over seeds.
 
-Written as Markdown, LaTeX (booktabs) and a numeric CSV, without tabulate or jinja2.
+Written as Markdown, LaTeX (booktabs) and a numeric CSV, without tabulate or jinja2. Units: the
+CSV holds accuracy and F1 as fractions in [0, 1], as metrics.json, summary.csv and curves.csv do;
+the rendered Markdown/LaTeX/HTML show percent and say so in their caption. The CSV is plain (pandas
+reads it without options); its caption, notes and unit are in <name>.meta.json and the Markdown.
 """
 
 from __future__ import annotations
@@ -10,8 +13,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from fedrepro.io import atomic_path, write_text_atomic
-from fedrepro.report.aggregate import DECIMALS, column_keys, row_keys, seed_stats
+from fedrepro.io import atomic_path, write_json_atomic, write_text_atomic
+from fedrepro.report.aggregate import DECIMALS, GROUP, METRIC_COLUMNS, column_keys, row_keys, seed_stats
 
 DEFAULT_TABLES = {
     "accuracy": "acc_weighted_mean",
@@ -37,8 +40,9 @@ def is_percent(column: str) -> bool:
     return column.removeprefix("bestval_").split("_")[0] in _METRIC_NAMES
 
 
-def caption(column: str) -> str:
-    """One-line description of what a table built from `column` shows."""
+def caption(column: str, n_seeds: int | None = None) -> str:
+    """One-line description of what a table built from `column` shows; `n_seeds` the most
+    successful seeds of any entry (1: the entries are single runs, not a spread over seeds)."""
     base = column.removeprefix("bestval_")
     metric, _, stat = base.partition("_")
     if metric in _METRIC_NAMES and stat in _STAT_NAMES:
@@ -46,7 +50,41 @@ def caption(column: str) -> str:
     else:
         what = column
     when = "at the best validation round" if column.startswith("bestval_") else "final round"
-    return f"{what}, {when}, mean ± std (sample, ddof=1) over seeds"
+    if n_seeds == 1:
+        return f"{what}, {when}, one seed (no spread over seeds)"
+    return f"{what}, {when}, mean ± std (sample, ddof=1) over {f'{n_seeds} ' if n_seeds else ''}seeds"
+
+
+def max_seeds(frame: pd.DataFrame) -> int:
+    """The most successful seeds behind any (dataset, partition, label, kind) entry."""
+    ok = frame[frame["status"] == "ok"]
+    return int(ok.groupby(GROUP, sort=False).size().max()) if len(ok) else 0
+
+
+def identical_rows(frame: pd.DataFrame) -> list[tuple[str, str]]:
+    """(row, earlier row) pairs whose every metric equals the earlier row's in every dataset,
+    partition and seed: the same model under two names (e.g. fedavg (global) and fedavg_ft
+    (global), whose fine-tuning only changes the personal models)."""
+    ok = frame[frame["status"] == "ok"]
+    seen: dict[tuple, str] = {}
+    pairs = []
+    for label, kind in row_keys(frame):
+        rows = ok[(ok["label"] == label) & (ok["kind"] == kind)].sort_values(["dataset", "partition", "seed"])
+        if rows.empty:
+            continue
+        values = rows[["dataset", "partition", "seed", *METRIC_COLUMNS]].round(DECIMALS)
+        key = tuple(map(tuple, values.astype(str).to_numpy()))
+        name = row_name(label, kind)
+        if key in seen:
+            pairs.append((name, seen[key]))
+        else:
+            seen[key] = name
+    return pairs
+
+
+def identical_note(frame: pd.DataFrame) -> str:
+    pairs = identical_rows(frame)
+    return " ".join(f"{a} is identical to {b} in every cell and seed (the same model)." for a, b in pairs)
 
 
 def row_name(label: str, kind: str) -> str:
@@ -80,8 +118,9 @@ def pivot_table(frame: pd.DataFrame, column: str) -> pd.DataFrame:
 
 
 def numeric_table(frame: pd.DataFrame, column: str) -> pd.DataFrame:
-    """Machine-readable wide table: label, kind, then '<dataset>/<partition>/{mean,std,n_seeds,n_failed}'."""
-    scale = 100.0 if is_percent(column) else 1.0
+    """Machine-readable wide table: label, kind, then '<dataset>/<partition>/{mean,std,n_seeds,n_failed}',
+    in the summary's unit (fractions for accuracy and F1)."""
+    scale = 1.0
     stats = seed_stats(frame, column)
     out = pd.DataFrame(row_keys(frame), columns=["label", "kind"])
     for ds, part in column_keys(frame):
@@ -171,22 +210,25 @@ def untrained_note(frame: pd.DataFrame) -> str:
 
 
 def write_tables(frame: pd.DataFrame, out_dir: str | Path, columns: dict[str, str] = DEFAULT_TABLES) -> list[Path]:
-    """Write <name>.md, <name>.tex and <name>.csv per table; return the written paths.
+    """Write <name>.md, <name>.tex, <name>.csv and <name>.meta.json per table; return the written paths.
 
-    The CSV's first line is a '# caption' comment (read it with `pd.read_csv(path, comment="#")`).
+    The CSV is plain (pd.read_csv reads it as is); its caption, notes and unit are in the .meta.json.
     """
     out_dir = Path(out_dir)
     written = []
+    seeds = max_seeds(frame)
+    notes = [n for n in (untrained_note(frame), identical_note(frame)) if n]
+    note = " ".join(notes)
     for name, column in columns.items():
-        title = caption(column)
+        title = caption(column, seeds)
         table = pivot_table(frame, column)
-        note = untrained_note(frame)
-        md, tex, csv = out_dir / f"{name}.md", out_dir / f"{name}.tex", out_dir / f"{name}.csv"
+        md, tex, csv, meta = (out_dir / f"{name}{ext}" for ext in (".md", ".tex", ".csv", ".meta.json"))
         write_text_atomic(md, to_markdown(table, title) + (f"\n{note}\n" if note else ""))
         write_text_atomic(tex, to_latex(table, title, name, note))
         with atomic_path(csv) as tmp:
-            with open(tmp, "w", newline="") as fh:
-                fh.write(f"# {name}: {title}\n" + (f"# {note}\n" if note else ""))
-                numeric_table(frame, column).to_csv(fh, index=False)
-        written += [md, tex, csv]
+            numeric_table(frame, column).to_csv(tmp, index=False)
+        write_json_atomic(meta, {"table": name, "caption": title, "notes": notes, "column": column,
+                                 "unit": "fraction (0-1; the .md and .tex show percent)" if is_percent(column) else "as in summary.csv",
+                                 "seeds": seeds})
+        written += [md, tex, csv, meta]
     return written

@@ -1,0 +1,255 @@
+"""Live progress of training cells, outside their logs.
+
+The workflow sets FEDREPRO_STATUS_DIR (results/<experiment>/status, in workflow/rules/train.smk,
+so the rules' code is unchanged and no finished cell reruns) for every job it starts. A training
+process then rewrites a small JSON file atomically after each round,
+<dir>/<dataset>/<partition>/<label>[/<trial>]/seed<seed>.json: round r of R, the last evaluated
+accuracies, elapsed time, an estimate of the time left, pid and host. Two readers:
+
+- `fedrepro status results/<experiment>`: a table of running, done, failed, stopped and pending cells;
+- `ConsoleWatcher`, a thread of the Snakemake process itself (its onstart): one compact console line
+  per cell evaluation, start and end, while the verbose per-round lines stay in the job's log.
+
+Side channels only: nothing here is read by training, metrics.json or the cell hashes, and the
+status files are no workflow output (nor tracked by DVC or git).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import socket
+import sys
+import threading
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, TextIO
+
+from .io import write_json_atomic
+
+STATUS_DIR_ENV = "FEDREPRO_STATUS_DIR"
+STATUS_SCHEMA = "fedrepro.status/1"
+PLAN_FILE = "plan.json"  # results/<experiment>/status/plan.json: every cell of the run (the workflow's onstart)
+_WRITE_EVERY_S = 1.0  # status file rewrites at most this often, besides evaluated and last rounds
+_HEARTBEAT_S = 60.0  # a console line for a running cell at least this often, even between evaluations
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def clock(seconds: float | None) -> str:
+    """'1:02:03', '4:05' or '-'."""
+    if seconds is None or not math.isfinite(seconds):
+        return "-"
+    s = int(round(seconds))
+    h, rest = divmod(s, 3600)
+    return f"{h}:{rest // 60:02d}:{rest % 60:02d}" if h else f"{rest // 60}:{rest % 60:02d}"
+
+
+def cell_name(cell: dict) -> str:
+    """dataset/partition/label[/trial]/seed<n>: a tuning trial's cell carries its trial id."""
+    trial = f"/{cell['trial']}" if cell.get("trial") else ""
+    return f"{cell.get('dataset')}/{cell.get('partition')}/{cell.get('label') or cell.get('method')}{trial}/seed{cell.get('seed')}"
+
+
+def status_path(status_dir: str | Path, cell: dict) -> Path:
+    return Path(status_dir) / f"{cell_name(cell)}.json"
+
+
+class CellProgress:
+    """The status file of one training process (nothing without FEDREPRO_STATUS_DIR)."""
+
+    def __init__(self, cell: dict | None, total: int, initial: int):
+        cell = cell or {}
+        root = os.environ.get(STATUS_DIR_ENV)
+        self.path = status_path(root, cell) if root and cell else None
+        self.total, self.initial = total, initial
+        self.t0 = time.monotonic()
+        self.wrote = -math.inf
+        self.state: dict[str, Any] = {
+            "schema": STATUS_SCHEMA,
+            "cell": {k: cell.get(k) for k in ("experiment", "dataset", "partition", "label", "method", "trial", "seed")},
+            "state": "running", "round": initial, "rounds": total, "eval_round": None, "acc": {},
+            "train_loss": None, "elapsed_s": 0.0, "eta_s": None, "pid": os.getpid(), "host": socket.gethostname(),
+            "started": _now(), "updated": _now(),
+        }
+        self._write(force=True)
+
+    def update(self, r: int, acc: dict[str, float] | None, loss: float) -> None:
+        if self.path is None:
+            return
+        elapsed = time.monotonic() - self.t0
+        done = r - self.initial
+        eta = elapsed / done * (self.total - r) if done > 0 else None
+        self.state.update(round=r, train_loss=loss, elapsed_s=round(elapsed, 3),
+                          eta_s=None if eta is None else round(eta, 3), updated=_now())
+        if acc:
+            self.state.update(eval_round=r, acc={k: round(v, 6) for k, v in acc.items()})
+        self._write(force=bool(acc) or r == self.total)
+
+    def close(self) -> None:
+        """The rounds are done: what is left is the final evaluation and writing metrics.json."""
+        self.state.update(state="finishing", updated=_now())
+        self._write(force=True)
+
+    def _write(self, force: bool) -> None:
+        if self.path is None or (not force and time.monotonic() - self.wrote < _WRITE_EVERY_S):
+            return
+        try:
+            write_json_atomic(self.path, self.state)
+            self.wrote = time.monotonic()
+        except OSError as exc:  # progress must never stop training
+            print(f"[fedrepro] status file {self.path} not written: {exc}", file=sys.stderr)
+            self.path = None
+
+
+def console_line(s: dict) -> str:
+    """'[fedrepro] d/p/label/seed0: round 40/100, global acc 71.20% (round 40), loss 0.4, 1:02 elapsed, ~1:30 left'."""
+    acc = "".join(f", {k} acc {100 * v:.2f}%" for k, v in (s.get("acc") or {}).items())
+    if acc and s.get("eval_round") != s.get("round"):
+        acc += f" (round {s.get('eval_round')})"
+    loss = f", loss {s['train_loss']:.4f}" if isinstance(s.get("train_loss"), (int, float)) else ""
+    what = {"running": "round", "finishing": "trained"}.get(s.get("state"), s.get("state"))
+    left = f", ~{clock(s.get('eta_s'))} left" if s.get("state") == "running" and s.get("eta_s") is not None else ""
+    return (f"[fedrepro] {cell_name(s.get('cell') or {})}: {what} {s.get('round')}/{s.get('rounds')}{acc}{loss}, "
+            f"{clock(s.get('elapsed_s'))} elapsed{left}")
+
+
+class ConsoleWatcher:
+    """Prints a compact line whenever a cell's status file shows a new evaluation or state (and
+    every _HEARTBEAT_S for a running cell): the console of a Snakemake run, whose jobs write their
+    own output to log files. `start()` polls in a daemon thread; `poll()` is one pass."""
+
+    def __init__(self, status_dir: str | Path, stream: TextIO | None = None, every_s: float = 2.0):
+        self.root, self.stream, self.every_s = Path(status_dir), stream, every_s
+        self.seen: dict[Path, tuple] = {}
+        self.said: dict[Path, float] = {}
+        self.mtimes: dict[Path, float] = {}
+        self.since = time.time()
+
+    def poll(self) -> list[str]:
+        lines = []
+        for path in sorted(self.root.rglob("seed*.json")):
+            try:
+                mtime = path.stat().st_mtime
+            except OSError:
+                continue
+            running = self.seen.get(path, (None,))[0] == "running"
+            if mtime < self.since or (mtime == self.mtimes.get(path) and not running):
+                continue  # a file of an earlier run, or unchanged
+            self.mtimes[path] = mtime
+            s = _read(path)
+            if not s or s.get("schema") != STATUS_SCHEMA:
+                continue
+            key = (s.get("state"), s.get("eval_round"), s.get("started"))
+            beat = s.get("state") == "running" and time.monotonic() - self.said.get(path, -math.inf) >= _HEARTBEAT_S
+            if key != self.seen.get(path) or beat:
+                self.seen[path], self.said[path] = key, time.monotonic()
+                lines.append(console_line(s))
+        return lines
+
+    def start(self) -> None:
+        def loop():
+            while True:
+                for line in self.poll():
+                    print(line, file=self.stream or sys.stderr, flush=True)
+                time.sleep(self.every_s)
+
+        threading.Thread(target=loop, name="fedrepro-progress", daemon=True).start()
+
+
+# -- reading them back: `fedrepro status` -----------------------------------------------------
+
+def _alive(pid: Any, host: Any) -> bool | None:
+    """Whether the process still runs (None: another host, cannot tell)."""
+    if host != socket.gethostname() or not isinstance(pid, int):
+        return None
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _read(path: Path) -> dict | None:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _finished(key: str, metrics: Path, rounds: Any = None) -> dict | None:
+    m = _read(metrics)
+    if m is None:
+        return None
+    acc = {kind: ((m.get("summary") or {}).get(f"{kind}_acc") or {}).get("weighted_mean") for kind in ("global", "personal")}
+    return {"cell": key, "state": "done" if m.get("status") == "ok" else "failed", "round": m.get("rounds"),
+            "rounds": rounds or m.get("rounds"), "acc": {k: v for k, v in acc.items() if isinstance(v, (int, float))},
+            "elapsed_s": (m.get("resources") or {}).get("wall_time_s"), "eta_s": None}
+
+
+def collect(results_dir: str | Path) -> list[dict]:
+    """One row per cell of results/<experiment>: state (running, finishing, done, failed, stopped,
+    pending), round, rounds, accuracies, elapsed and eta. The cells are the run's plan (written when
+    the workflow starts), the status files (tuning trials too) and the finished metrics.json files; a
+    metrics.json at least as new as the status file decides done/failed, and a running cell whose
+    process is gone (same host) is stopped."""
+    root = Path(results_dir)
+    rows: dict[str, dict] = {}
+    plan = _read(root / "status" / PLAN_FILE) or {}
+    for c in plan.get("cells") or []:
+        rows[cell_name(c)] = {"cell": cell_name(c), "state": "pending", "round": None, "rounds": c.get("rounds"),
+                              "acc": {}, "elapsed_s": None, "eta_s": None}
+    for metrics in sorted((root / "runs").glob("*/*/*/seed*/metrics.json")):
+        key = "/".join(metrics.parent.relative_to(root / "runs").parts)
+        rows[key] = _finished(key, metrics, (rows.get(key) or {}).get("rounds")) or rows.get(key)
+    for path in sorted((root / "status").rglob("seed*.json")):
+        s = _read(path)
+        if not s or s.get("schema") != STATUS_SCHEMA:
+            continue
+        cell = s.get("cell") or {}
+        key = cell_name(cell)
+        metrics = root / ("tuning/runs" if cell.get("trial") else "runs") / key / "metrics.json"
+        if metrics.exists() and metrics.stat().st_mtime >= path.stat().st_mtime:
+            rows[key] = _finished(key, metrics, s.get("rounds")) or rows.get(key)
+            continue
+        row = {"cell": key, **{k: s.get(k) for k in ("state", "round", "rounds", "acc", "elapsed_s", "eta_s")}}
+        if row["state"] in ("running", "finishing") and _alive(s.get("pid"), s.get("host")) is False:
+            row["state"], row["eta_s"] = "stopped", None
+        rows[key] = row
+    order = {"running": 0, "finishing": 0, "stopped": 1, "failed": 2, "pending": 3, "done": 4}
+    return sorted((r for r in rows.values() if r), key=lambda r: (order.get(r["state"], 5), r["cell"]))
+
+
+def render(rows: list[dict], results_dir: str | Path) -> str:
+    """A compact text table: a count per state, then one line per cell."""
+    if not rows:
+        return f"{results_dir}: no cells yet (no status files, plan or metrics.json under it)"
+    counts: dict[str, int] = {}
+    for r in rows:
+        counts[r["state"]] = counts.get(r["state"], 0) + 1
+    head = f"{results_dir}: {len(rows)} cell(s): " + ", ".join(f"{n} {s}" for s, n in counts.items())
+    table = [("cell", "state", "round", "global acc", "personal acc", "elapsed", "left")]
+    for r in rows:
+        acc = r.get("acc") or {}
+        rounds = f"{r['round'] if r['round'] is not None else '-'}/{r['rounds'] if r['rounds'] is not None else '?'}"
+        table.append((r["cell"], r["state"], rounds,
+                      *(f"{100 * acc[k]:.2f}%" if isinstance(acc.get(k), (int, float)) else "-" for k in ("global", "personal")),
+                      clock(r.get("elapsed_s")), clock(r.get("eta_s"))))
+    widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
+    lines = ["  ".join(v.ljust(w) if i < 2 else v.rjust(w) for i, (v, w) in enumerate(zip(row, widths))).rstrip()
+             for row in table]
+    return "\n".join([head, "", *lines])
+
+
+def write_plan(results_dir: str | Path, cells: list[dict]) -> None:
+    """The cells a workflow run will train (Snakemake's onstart), so `fedrepro status` lists the pending ones."""
+    keep = ("dataset", "partition", "label", "seed")
+    write_json_atomic(Path(results_dir) / "status" / PLAN_FILE,
+                      {"cells": [{k: c[k] for k in keep} | {"rounds": c["training"]["rounds"]} for c in cells]})
