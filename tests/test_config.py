@@ -360,6 +360,58 @@ BAD = [
     ("tuning-unknown-label", _set("tuning", {"methods": {"ditto": {"lam": [0.1]}}}),
      ["tuning.methods", "['ditto']", "allowed: the experiment's method labels"]),
     ("tuning-random-without-samples", _set("tuning", {"search": "random"}), ["tuning.samples", "missing", "allowed"]),
+    # decidable from the config and the registries, once failing only inside a job (issue 24)
+    ("conv-model-on-vectors", _set("datasets", {"synthetic": {"model": {"name": "fedavg_cnn"}}}),
+     ["datasets.synthetic.model.name", "'fedavg_cnn'", "allowed", "(60,)", "mlp"]),
+    ("conv-model-on-small-images", _set("datasets/digits/model", {"name": "cnn4"}),
+     ["datasets.digits.model.name", "'cnn4'", "allowed", "(1, 8, 8)", ">= 16"]),
+    ("signal-model-on-images", _set("datasets/digits/model", {"name": "resnet1d"}),
+     ["datasets.digits.model.name", "'resnet1d'", "allowed", "(1, 8, 8)"]),
+    ("method-model-on-small-images", _set("methods/fedavg/model", {"name": "fedavg_cnn"}),
+     ["methods.fedavg.model.name", "'fedavg_cnn'", "allowed", "(1, 8, 8)"]),
+    ("official-test-without-one", _all(_set("partitions/dir0.5/pool", False), _set("training/global_test", ["official"])),
+     ["training.global_test", "['official']", "allowed", "official test set", "digits"]),
+    ("augment-on-vectors", _all(_set("datasets", {"synthetic": {}}), _set("training/augment", "crop_flip")),
+     ["training.augment", "'crop_flip'", "allowed", "(60,)"]),
+    ("partition-by-missing-group", _set("partitions/dir0.5", {"partitioner": "domain", "num_clients": 6}),
+     ["partitions.dir0.5.params.partition_by", "'domain'", "allowed", "digits"]),
+    ("label-quantity-size-below-classes", _set("partitions/pat2", {"partitioner": "label_quantity", "num_clients": 6, "params": {
+        "num_classes_per_partition": 3, "partition_size": 2}}), ["partitions.pat2.params.partition_size", "value 2", "allowed", "3"]),
+    ("label-quantity-more-clients-than-samples", _set("partitions/pat2", {"partitioner": "label_quantity", "num_clients": 1000}),
+     ["partitions.pat2.num_clients", "1000", "allowed", "at most 898"]),
+    ("vit-resize-false-on-other-sides", _set("datasets/digits/model", {"name": "prompted_vit", "params": {
+        "backbone": "vit_tiny_patch16_224", "weights": "none", "resize": False, "backbone_args": {
+            "img_size": 16, "patch_size": 4, "embed_dim": 16, "depth": 1, "num_heads": 2}}}),
+     ["datasets.digits.model.params", "'resize': False", "allowed", "img_size (16, 16)", "(1, 8, 8)"]),
+    ("vit-backbone-args-timm-refuses", _set("datasets/digits/model", {"name": "prompted_vit", "params": {
+        "backbone": "vit_tiny_patch16_224", "weights": "none", "backbone_args": {"embed_dim": 16, "num_heads": 3}}}),
+     ["datasets.digits.model.params", "'num_heads': 3", "allowed", "divisible by num_heads"]),
+    # options the chosen optimizer or schedule never reads (issue 24: never silently ignored)
+    ("momentum-under-adam", _set("training/optimizer", {"name": "adam", "lr": 0.01, "momentum": 0.9}),
+     ["training.optimizer.momentum", "0.9", "'adam'", "allowed", "weight_decay"]),
+    ("momentum-under-adamw-in-a-method", _set("methods/fedavg/training", {"optimizer": {"name": "adamw", "momentum": 0.5}}),
+     ["methods.fedavg.training.optimizer.momentum", "0.5", "'adamw'", "allowed"]),
+    ("milestones-under-constant", _set("training/lr_schedule", {"milestones": [2]}),
+     ["training.lr_schedule.milestones", "[2]", "'constant'", "allowed"]),
+    ("gamma-under-constant", _set("training/lr_schedule", {"name": "constant", "gamma": 0.5}),
+     ["training.lr_schedule.gamma", "0.5", "'constant'", "allowed"]),
+    ("values-under-cosine", _set("training/lr_schedule", {"name": "cosine", "values": [0.1]}),
+     ["training.lr_schedule.values", "[0.1]", "'cosine'", "allowed", "min_lr"]),
+    ("min-lr-under-multistep", _set("training/lr_schedule", {"name": "multistep", "milestones": [1], "min_lr": 0.001}),
+     ["training.lr_schedule.min_lr", "0.001", "'multistep'", "allowed"]),
+    ("gamma-beside-values", _set("training/lr_schedule", {"name": "multistep", "milestones": [1], "gamma": 0.5,
+                                                          "values": [0.05, 0.01]}),
+     ["training.lr_schedule.gamma", "0.5", "values", "allowed"]),
+    ("milestone-after-last-round", _set("training/lr_schedule", {"name": "multistep", "milestones": [1, 3]}),
+     ["training.lr_schedule.milestones", "[1, 3]", "allowed", "below", "(3)"]),
+    ("multistep-values-not-from-lr", _set("training/lr_schedule", {"name": "multistep", "milestones": [1], "values": [0.1, 0.01]}),
+     ["training.lr_schedule.values", "[0.1, 0.01]", "allowed", "values[0] equal to", "(0.05)"]),
+    ("tuning-lr-grid-under-multistep-values", _all(
+        _set("training/lr_schedule", {"name": "multistep", "milestones": [1], "values": [0.05, 0.01]}),
+        _set("tuning", {"methods": {"fedavg_ft": {"ft_epochs": [1, 2]}}})),
+     ["tuning.lr", "method label", "[0.05, 0.01]", "allowed", "gamma"]),
+    ("min-lr-above-lr", _set("training/lr_schedule", {"name": "cosine", "min_lr": 0.1}),
+     ["training.lr_schedule.min_lr", "0.1", "allowed", "below", "0.05"]),
     # ---- sweeps (methods.<label>.sweep)
     ("sweep-no-values", _set("methods/fedavg_ft/sweep", {"hparams.ft_epochs": []}),
      ["methods.fedavg_ft.sweep.hparams.ft_epochs", "[]", "allowed", "non-empty list"]),
@@ -428,3 +480,71 @@ def test_label_quantity_partition_size_beyond_the_dataset_is_refused_before_any_
         resolve_experiment(cfg)
     cfg["partitions"]["q"]["params"]["partition_size"] = 100
     resolve_experiment(cfg)
+
+
+def test_defaults_never_count_as_options_the_user_set(base):
+    """adam with the default momentum (0.0, read by sgd only) and a constant schedule with the default
+    milestones/gamma/values/min_lr resolve; the resolved cell still carries the defaults (cell hashes unchanged)."""
+    cfg = copy.deepcopy(base)
+    cfg["training"]["optimizer"] = {"name": "adam", "lr": 0.001}
+    cell = resolve_experiment(cfg)["cells"][0]
+    assert cell["training"]["optimizer"] == {"name": "adam", "lr": 0.001, "momentum": 0.0, "weight_decay": 0.0}
+    assert cell["training"]["lr_schedule"] == TRAINING_DEFAULTS["lr_schedule"]
+
+
+def test_an_inner_block_may_switch_the_optimizer_or_schedule(base):
+    """Keys an outer block set for its own optimizer/schedule are read by the outer block's cells; a
+    method switching to another one cannot unset them, so they are not reported there."""
+    cfg = copy.deepcopy(base)
+    cfg["training"]["optimizer"] = {"name": "sgd", "lr": 0.05, "momentum": 0.9}
+    cfg["training"]["lr_schedule"] = {"name": "multistep", "milestones": [2], "gamma": 0.5}
+    cfg["methods"]["fedavg"] = {"training": {"optimizer": {"name": "adam", "lr": 0.001}, "lr_schedule": {"name": "constant"}}}
+    cells = resolve_experiment(cfg)["cells"]
+    assert {c["training"]["optimizer"]["name"] for c in cells} == {"sgd", "adam"}
+    cfg["methods"]["fedavg"]["training"]["optimizer"]["momentum"] = 0.5  # set where adam is in force: an error
+    with pytest.raises(ConfigError, match=r"'methods.fedavg.training.optimizer.momentum' has value 0.5"):
+        resolve_experiment(cfg)
+
+
+def test_tuning_trials_may_end_before_a_milestone(base):
+    cfg = copy.deepcopy(base)
+    cfg["training"]["lr_schedule"] = {"name": "multistep", "milestones": [2], "gamma": 0.5}
+    cfg["tuning"] = {"training": {"rounds": 1}, "methods": {"fedavg_ft": {"ft_epochs": [1, 2]}}}
+    exp = resolve_experiment(cfg)
+    assert exp["tuning_cells"] and all(c["training"]["rounds"] == 1 for c in exp["tuning_cells"])
+
+
+@pytest.mark.parametrize("name", ["fedavg_cnn", "cnn4", "resnet18_cifar", "resnet32_cifar", "resnet1d", "mlp"])
+def test_model_input_rule_agrees_with_a_forward_pass(name):
+    """models.input_problem (decided from the registry, before any job) against the model itself."""
+    import torch
+
+    from fedrepro.models import build_model, input_problem
+
+    for shape in [(60,), (1, 8), (2, 32), (1, 8, 8), (1, 15, 16), (1, 16, 16), (3, 28, 28), (1, 2, 3, 4)]:
+        try:
+            with torch.device("meta"), torch.no_grad():  # shapes only: no memory, no compute
+                build_model(name, shape, 3).eval()(torch.zeros(2, *shape))
+            works = True
+        except (RuntimeError, ValueError, TypeError):
+            works = False
+        assert (input_problem(name, shape) is None) == works, (name, shape)
+
+
+def test_a_resolved_cell_with_an_unset_optional_model_parameter_builds(base):
+    """head_hidden: null (the default: a linear head) is in every resolved resnet1d cell; the job's
+    build_model re-checks the cell's parameters and must accept it (it refused None before)."""
+    from fedrepro.models import build_model
+
+    cfg = copy.deepcopy(base)
+    cfg["datasets"] = {"synthetic": {"model": {"name": "resnet1d", "params": {"width": 4}}}}
+    cell = resolve_experiment(cfg)["cells"][0]
+    assert cell["model"]["params"]["head_hidden"] is None
+    assert build_model("resnet1d", (60,), 10, cell["model"]["params"]).head.out_features == 10
+
+
+def test_the_schema_itself_passes_the_strict_reader():
+    """No duplicate keys in the schema (a second `tuning:` block once shadowed the first unnoticed)."""
+    from fedrepro.configfile import read_config_file
+
+    assert "tuning" in read_config_file(ROOT / "src" / "fedrepro" / "schemas" / "experiment.schema.yaml")["properties"]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import yaml
 
 from fedrepro.cli import untrained_warnings
 from fedrepro.config import load_config, resolve_experiment
@@ -112,3 +113,25 @@ def test_tables_footnote_the_untrained_clients(tiny_partition, make_cell):
     cell["evaluation"] = {"untrained": "exclude"}
     full = engine_for(cell, tiny_partition[0]).run()
     assert untrained_note(summary_frame([full])) == "Every client trained in every cell (evaluation.untrained = 'exclude' was not needed)."
+
+
+@pytest.mark.slow
+def test_snakemake_prints_the_validate_warnings_once(tmp_path):
+    """participation: 1 (one client per round) leaves clients untrained: Snakemake's parse prints the
+    warning `fedrepro validate` prints (the same function), once, on stderr, before any job."""
+    import os
+    import subprocess
+    import sys
+
+    cfg = load_config(REPO / "config/test.yaml")
+    cfg["partitions"] = {"pat2": cfg["partitions"]["pat2"]}
+    cfg["methods"], cfg["seeds"] = {"fedavg": {}}, [0]
+    cfg["training"].update(participation=1, rounds=2)
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(cfg))
+    expected = untrained_warnings(resolve_experiment(cfg))
+    assert len(expected) == 1 and "4 of 6 training clients never train" in expected[0]
+    env = {**os.environ, "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"]}
+    proc = subprocess.run([sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "--directory", str(tmp_path),
+                           "-n", "--configfile", "c.yaml"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stderr.count(f"fedrepro: warning: {expected[0]}\n") == 1, proc.stderr[-3000:]

@@ -11,6 +11,7 @@ import shlex
 import sys
 from pathlib import Path
 
+from . import cli_args as check
 from .registry import ConfigError
 
 
@@ -146,7 +147,7 @@ def cmd_prepare(args) -> None:
 
     if args.allow_unpinned:
         os.environ[ALLOW_UNPINNED_ENV] = "1"
-    info = prepare_dataset(args.dataset, Path(args.root), json.loads(args.params))
+    info = prepare_dataset(args.dataset, Path(args.root), args.params)
     if args.out:
         write_json_atomic(args.out, info)
     print(f"[fedrepro] {args.dataset}: {info['num_samples']} samples, fingerprint {info['fingerprint'][:16]}", file=sys.stderr)
@@ -156,7 +157,7 @@ def cmd_partition(args) -> None:
     from .data.datasets import load_dataset
     from .data.shards import partition_id, write_partition
 
-    spec = json.loads(args.spec)
+    spec = args.spec
     pid = partition_id(spec)
     out = Path(args.out)
     if out.name != pid:
@@ -240,13 +241,15 @@ def cmd_train(args) -> None:
                           "(a line of `fedrepro cells`)")
     if args.cell_id is not None:
         cell = _cell_from_id(args)
+        args.shards, args.out_dir = check.partition_dir(args.shards), check.output_dir(args.out_dir)
     else:
         if args.configs or args.set:
             raise ConfigError("config files and --set go with --cell-id; --cell is the resolved cell itself")
         for flag, value in (("--shards", args.shards), ("--out-dir", args.out_dir)):
             if value is None:
                 raise ConfigError(f"{flag} is required with --cell (with --cell-id it defaults to the workflow's path)")
-        cell = json.loads(args.cell)
+        cell = args.cell
+    check.train_inputs(cell, args.shards, args.device)  # before any data is loaded
     resolved_key = short_hash(cell)  # what the workflow expects in metrics.json, also for a tuned cell
     if cell.get("tuned") and not args.tuned:
         raise ConfigError("the cell's hyper-parameters are tuned: pass --tuned <the select rule's JSON>")
@@ -254,7 +257,10 @@ def cmd_train(args) -> None:
         from .io import read_json
         from .tuning import apply_values
 
-        sel = read_json(args.tuned)
+        sel = read_json(args.tuned)  # a JSON object: checked while parsing (cli_args.json_file)
+        if not {"dataset", "partition", "label", "winner"} <= set(sel):
+            raise ConfigError(f"argument --tuned: {args.tuned!r} lacks the keys of a select record; allowed: the select "
+                              "rule's JSON (dataset, partition, label, winner)")
         if (sel["dataset"], sel["partition"], sel["label"]) != (cell["dataset"], cell["partition"], cell["label"]):
             raise ConfigError(f"--tuned {args.tuned} selects for {sel['dataset']}/{sel['partition']}/{sel['label']}, "
                               f"not this cell's {cell['dataset']}/{cell['partition']}/{cell['label']}")
@@ -266,7 +272,7 @@ def cmd_train(args) -> None:
 def cmd_pretrain_backbone(args) -> None:
     from .models.pretrain import pretrain_backbone
 
-    stats = pretrain_backbone(json.loads(args.spec), Path(args.root), Path(args.out), threads=args.threads)
+    stats = pretrain_backbone(args.spec, Path(args.root), Path(args.out), threads=args.threads)
     print(f"[fedrepro] pretrained backbone -> {args.out} (final loss {stats['loss']:.4f}, acc {stats['train_acc']:.4f})",
           file=sys.stderr)
 
@@ -276,7 +282,7 @@ def cmd_select(args) -> None:
     from .io import write_json_atomic
     from .tuning import select_winner
 
-    spec = json.loads(args.spec)
+    spec = args.spec
     runs = [{"trial": r["trial"], "seed": r["seed"], "metrics": read_metrics(r["metrics"])} for r in spec["runs"]]
     record = select_winner(spec, runs, spec["metric"])
     record = {k: spec[k] for k in ("dataset", "partition", "label", "method")} | record
@@ -317,7 +323,7 @@ def _paper_plan(args):
     from .report.aggregate import load_cells
     from .report.papers import load_published, plan_from_spec
 
-    spec = json.loads(args.spec)
+    spec = args.spec
     return plan_from_spec(load_published(args.published), spec), spec, load_cells(args.metrics)
 
 
@@ -388,11 +394,11 @@ def cmd_report_page(args) -> None:
     from .io import write_text_atomic
     from .report.landing import description_rst
 
-    write_text_atomic(args.out, description_rst(pd.read_csv(args.summary), json.loads(args.spec), args.curves))
+    write_text_atomic(args.out, description_rst(pd.read_csv(args.summary), args.spec, args.curves))
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="fedrepro", description="fedrepro: reproducible benchmarks of personalized and fair "
+    ap = check.OneLineParser(prog="fedrepro", description="fedrepro: reproducible benchmarks of personalized and fair "
                                  "federated learning. The Snakemake workflow calls these steps; `list` shows the registries.")
     sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -423,75 +429,78 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("prepare", help="make a dataset's raw files present", description="Make a dataset's raw files "
                        "present under --root (local system package, or download) and record its fingerprint.")
     p.add_argument("dataset")
-    p.add_argument("--root", required=True)
-    p.add_argument("--params", default="{}", help="dataset parameters as JSON")
-    p.add_argument("--out", help="write the dataset info (fingerprint, size) to this JSON file")
+    p.add_argument("--root", required=True, type=check.output_dir)
+    p.add_argument("--params", default="{}", type=check.json_object_text, help="dataset parameters as JSON")
+    p.add_argument("--out", type=check.output_file, help="write the dataset info (fingerprint, size) to this JSON file")
     p.add_argument("--allow-unpinned", action="store_true", help="also download files without a published checksum "
                    "(their sha256 is recorded in --out); as FEDREPRO_ALLOW_UNPINNED_DOWNLOADS=1")
     p.set_defaults(func=cmd_prepare)
 
     p = sub.add_parser("partition", help="partition a dataset into Parquet client shards", description="Partition a dataset "
                        "into per-client Parquet shards plus manifest.json, written atomically into --out (named by the spec's id).")
-    p.add_argument("--spec", required=True, help="resolved partition spec as JSON")
-    p.add_argument("--root", required=True, help="the dataset's raw data folder")
-    p.add_argument("--out", required=True)
+    p.add_argument("--spec", required=True, type=check.json_object_text, help="resolved partition spec as JSON")
+    p.add_argument("--root", required=True, type=check.input_dir, help="the dataset's raw data folder")
+    p.add_argument("--out", required=True, type=check.output_dir)
     p.set_defaults(func=cmd_partition)
 
     p = sub.add_parser("plot-partition", help="plot a partition's per-client label distribution",
                        description="Plot the per-client label distribution of a partition from its manifest.")
-    p.add_argument("shards")
-    p.add_argument("out")
+    p.add_argument("shards", type=check.partition_dir)
+    p.add_argument("out", type=check.output_file)
     p.set_defaults(func=cmd_plot_partition)
 
     p = sub.add_parser("train", help="train one cell", description="Train one cell (method x dataset x partition x seed) and "
                        "write metrics.json and provenance.json into --out-dir; resumes from --checkpoint if present. The cell "
                        "is either the resolved cell as JSON (--cell, as the workflow calls it) or a line of `fedrepro cells` "
                        "(CONFIG ... [--set ...] --cell-id ID).")
-    p.add_argument("configs", nargs="*", metavar="CONFIG", help="with --cell-id: the experiment's config file(s)")
-    p.add_argument("--cell", help="resolved cell as JSON (the workflow's train rule passes it)")
+    p.add_argument("configs", nargs="*", metavar="CONFIG", type=check.existing_file,
+                   help="with --cell-id: the experiment's config file(s)")
+    p.add_argument("--cell", type=check.json_object_text, help="resolved cell as JSON (the workflow's train rule passes it)")
     p.add_argument("--cell-id", help="a cell as `fedrepro cells` prints it, e.g. digits/dir0.5(d4a81f8466)/local[local]/seed0 "
                    "or digits/dir0.5/local/seed0")
     _add_set(p)
-    p.add_argument("--shards", help="partition directory (with --cell-id: the workflow's results/shards/<dataset>/<id>)")
-    p.add_argument("--out-dir", help="output folder (with --cell-id: results/<experiment>/debug/<dataset>/<partition>/<label>/seed<n>)")
-    p.add_argument("--checkpoint", help="checkpoint file (written every training.checkpoint_every rounds)")
-    p.add_argument("--device", default="auto", help="auto (CUDA when present), cpu, cuda, cuda:1, ...")
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
-    p.add_argument("--tuned", help="the select rule's JSON: train with its winning hyper-parameters")
+    p.add_argument("--shards", type=check.partition_dir,
+                   help="partition directory (with --cell-id: the workflow's results/shards/<dataset>/<id>)")
+    p.add_argument("--out-dir", type=check.output_dir,
+                   help="output folder (with --cell-id: results/<experiment>/debug/<dataset>/<partition>/<label>/seed<n>)")
+    p.add_argument("--checkpoint", type=check.output_file, help="checkpoint file (written every training.checkpoint_every rounds)")
+    p.add_argument("--device", default="auto", type=check.device, help="auto (CUDA when present), cpu, cuda, cuda:1, ...")
+    p.add_argument("--threads", type=check.positive_int, default=None, help="torch CPU threads")
+    p.add_argument("--tuned", type=check.json_file, help="the select rule's JSON: train with its winning hyper-parameters")
     p.set_defaults(func=cmd_train)
 
     p = sub.add_parser("pretrain-backbone", help="pre-train a ViT backbone on a dataset's held-out proxy",
                        description="Pre-train the backbone of a `prompted_vit` with `weights: proxy` once on the dataset's "
                        "held-out proxy images and write its state dict to --out (the workflow's pretrain_backbone rule; "
                        "the spec is the resolved one `fedrepro.config` derives, see models/pretrain.py).")
-    p.add_argument("--spec", required=True, help="resolved pretraining spec as JSON")
-    p.add_argument("--root", required=True, help="the dataset's raw data folder")
-    p.add_argument("--out", required=True, help="checkpoint file to write (atomically)")
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    p.add_argument("--spec", required=True, type=check.json_object_text, help="resolved pretraining spec as JSON")
+    p.add_argument("--root", required=True, type=check.input_dir, help="the dataset's raw data folder")
+    p.add_argument("--out", required=True, type=check.output_file, help="checkpoint file to write (atomically)")
+    p.add_argument("--threads", type=check.positive_int, default=None, help="torch CPU threads")
     p.set_defaults(func=cmd_pretrain_backbone)
 
     p = sub.add_parser("select", help="pick a method's hyper-parameters from its tuning trials",
                        description="Score every tuning trial by its validation accuracy (never test data) and write "
                        "every trial's score and the winner to --out.")
-    p.add_argument("--spec", required=True, help="JSON: dataset, partition, label, method, space, trials, metric and "
-                   "runs [{trial, seed, metrics}] (the workflow's select rule writes it)")
-    p.add_argument("--out", required=True)
+    p.add_argument("--spec", required=True, type=check.json_object_text, help="JSON: dataset, partition, label, method, "
+                   "space, trials, metric and runs [{trial, seed, metrics}] (the workflow's select rule writes it)")
+    p.add_argument("--out", required=True, type=check.output_file)
     p.set_defaults(func=cmd_select)
 
     p = sub.add_parser("tuning-report", help="table and plot of the selected hyper-parameters",
                        description="From select JSON files: a table of the selected values per cell (PREFIX.csv/.md/.tex) "
                        "and/or a plot of validation score against each tuned parameter.")
-    p.add_argument("selections", nargs="+")
-    p.add_argument("--table", help="output prefix of the table")
-    p.add_argument("--plot", help="output PNG")
+    p.add_argument("selections", nargs="+", type=check.existing_file)
+    p.add_argument("--table", type=check.output_file, help="output prefix of the table")
+    p.add_argument("--plot", type=check.output_file, help="output PNG")
     p.set_defaults(func=cmd_tuning_report)
 
     p = sub.add_parser("aggregate", help="collect cells' metrics into summary files", description="Collect metrics.json files "
                        "into a long summary CSV, a nested summary JSON (for dvc metrics) and a curves CSV (for dvc plots).")
-    p.add_argument("metrics", nargs="+")
-    p.add_argument("--csv", required=True)
-    p.add_argument("--json", required=True)
-    p.add_argument("--curves", required=True)
+    p.add_argument("metrics", nargs="+", type=check.existing_file)
+    p.add_argument("--csv", required=True, type=check.output_file)
+    p.add_argument("--json", required=True, type=check.output_file)
+    p.add_argument("--curves", required=True, type=check.output_file)
     p.add_argument("--expect", nargs="+", metavar="CELL", help="per metrics file, in the same order, the cell it must "
                    "belong to: experiment/dataset/partition/label/seed/cell_key (the aggregate rule passes them); "
                    "a file of another cell is an error naming the file and the field")
@@ -499,52 +508,55 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("tables", help="write paper-style tables", description="Write Markdown, LaTeX (booktabs) and CSV tables "
                        "(methods x dataset/partition, mean ± std over seeds) from a summary CSV.")
-    p.add_argument("--summary", required=True)
-    p.add_argument("--out-dir", required=True)
+    p.add_argument("--summary", required=True, type=check.existing_file)
+    p.add_argument("--out-dir", required=True, type=check.output_dir)
     p.set_defaults(func=cmd_tables)
 
     p = sub.add_parser("plots", help="plot learning curves and per-client accuracy", description="Plot learning curves, "
                        "per-client accuracy distributions and t-SNE embeddings of one dataset/partition from metrics.json files.")
-    p.add_argument("metrics", nargs="+")
+    p.add_argument("metrics", nargs="+", type=check.existing_file)
     p.add_argument("--dataset", required=True)
     p.add_argument("--partition", required=True)
-    p.add_argument("--curves", help="learning curves PNG")
-    p.add_argument("--clients", help="per-client accuracy PNG")
-    p.add_argument("--tsne", help="t-SNE PNG of the clients of evaluation.embed_clients")
+    p.add_argument("--curves", type=check.output_file, help="learning curves PNG")
+    p.add_argument("--clients", type=check.output_file, help="per-client accuracy PNG")
+    p.add_argument("--tsne", type=check.output_file, help="t-SNE PNG of the clients of evaluation.embed_clients")
     p.set_defaults(func=cmd_plots)
 
     p = sub.add_parser("status", help="progress of the cells of a results folder", description="Show the cells of "
                        "results/<experiment> while the workflow runs: running (round r/R, last accuracy, time left), done, "
                        "failed, stopped and pending, from the status files the training jobs write and the finished metrics.json.")
-    p.add_argument("results", help="results/<experiment>")
+    p.add_argument("results", type=check.input_dir, help="results/<experiment>")
     p.add_argument("--watch", type=float, metavar="SECONDS", help="redraw every SECONDS until Ctrl-C")
     p.set_defaults(func=cmd_status)
 
     p = sub.add_parser("report-page", help="write the report's landing page", description="Write the reStructuredText "
                        "landing page of `snakemake --report`: the main table inline, the learning curves, and what the "
                        "experiment ran (the workflow's report_page rule).")
-    p.add_argument("--summary", required=True, help="summary.csv")
-    p.add_argument("--spec", required=True, help="JSON: experiment, rounds, seeds, tuning (bool), paper (name or null)")
-    p.add_argument("--curves", nargs="*", default=[], help="learning-curve PNGs to embed")
-    p.add_argument("--out", required=True)
+    p.add_argument("--summary", required=True, type=check.existing_file, help="summary.csv")
+    p.add_argument("--spec", required=True, type=check.json_object_text,
+                   help="JSON: experiment, rounds, seeds, tuning (bool), paper (name or null)")
+    p.add_argument("--curves", nargs="*", default=[], type=check.existing_file, help="learning-curve PNGs to embed")
+    p.add_argument("--out", required=True, type=check.output_file)
     p.set_defaults(func=cmd_report_page)
 
     p = sub.add_parser("paper-table", help="regenerate a paper table beside the published numbers",
                        description="Build one paper table from metrics.json files: per cell our mean ± std over seeds, "
                        "the paper's value and the difference, 95 %% intervals and paired tests; writes PREFIX.md, .tex, "
                        ".csv, .html and PREFIX_tests.csv.")
-    p.add_argument("metrics", nargs="*")
-    p.add_argument("--published", required=True, help="the paper's data file (config/papers/published/<paper>.yaml)")
-    p.add_argument("--spec", required=True, help="the table and its mapping as JSON (the workflow's paper rules write it)")
-    p.add_argument("--out-prefix", required=True)
+    p.add_argument("metrics", nargs="*", type=check.existing_file)
+    p.add_argument("--published", required=True, type=check.existing_file,
+                   help="the paper's data file (config/papers/published/<paper>.yaml)")
+    p.add_argument("--spec", required=True, type=check.json_object_text,
+                   help="the table and its mapping as JSON (the workflow's paper rules write it)")
+    p.add_argument("--out-prefix", required=True, type=check.output_file)
     p.set_defaults(func=cmd_paper_table)
 
     p = sub.add_parser("paper-figure", help="draw a paper figure's analogue", description="Draw the analogue of one of a "
                        "paper's figures from the metrics.json files of the runs its table maps.")
-    p.add_argument("metrics", nargs="*")
-    p.add_argument("--published", required=True)
-    p.add_argument("--spec", required=True)
-    p.add_argument("--out", required=True)
+    p.add_argument("metrics", nargs="*", type=check.existing_file)
+    p.add_argument("--published", required=True, type=check.existing_file)
+    p.add_argument("--spec", required=True, type=check.json_object_text)
+    p.add_argument("--out", required=True, type=check.output_file)
     p.set_defaults(func=cmd_paper_figure)
     return ap
 
@@ -563,23 +575,38 @@ def _quiet_broken_pipe() -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    """Run one subcommand. Bad arguments are one-line usage errors (exit 2) raised while parsing
+    (fedrepro.cli_args), before any work. Errors of the user's input found later are one line too:
+    ConfigError, missing data, a shard checksum, a full disk (exit 2), invalid JSON in an input file
+    (exit 2), an OSError on a named path (exit 1). Anything else is a bug, not a usage error: its
+    traceback is kept (exit 1), so a programming error in training is never disguised as bad input."""
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as exc:  # argparse: a usage error (2, printed on one line by OneLineParser) or --help (0)
+        return exc.code if isinstance(exc.code, int) else 0 if exc.code is None else 2
     from .data.base import DataMissingError
     from .data.shards import ShardChecksumError
 
+    prog = f"fedrepro {args.command}"
     try:
         args.func(args)
         sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's last flush
     except BrokenPipeError:
         return _quiet_broken_pipe()
     except (ConfigError, DataMissingError, ShardChecksumError) as exc:
-        print(f"fedrepro {args.command}: error: {exc}", file=sys.stderr)
+        check.print_error(prog, exc)
+        return 2
+    except json.JSONDecodeError as exc:
+        check.print_error(prog, f"an input file is not valid JSON ({exc}); allowed: the JSON files fedrepro writes")
         return 2
     except OSError as exc:
-        if exc.errno != errno.ENOSPC:
+        if exc.errno == errno.ENOSPC:
+            check.print_error(prog, exc.strerror if exc.filename is None else exc)
+            return 2
+        if exc.filename is None:
             raise
-        print(f"fedrepro {args.command}: error: {exc.strerror if exc.filename is None else exc}", file=sys.stderr)
-        return 2
+        check.print_error(prog, f"{exc.strerror or type(exc).__name__}: {exc.filename!r}")
+        return 1
     return 0
 
 

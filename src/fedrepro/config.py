@@ -18,11 +18,11 @@ import jsonschema
 import yaml
 
 from .configfile import check_plain, plain_copy, read_config_file
-from .data.datasets import DATASETS, sample_bounds
+from .data.datasets import DATASETS, group_columns, has_official_test, sample_bounds, sample_shape
 from .data.shards import partition_id, resolve_partition_spec
 from .io import short_hash
 from .methods import METHODS
-from .models import MODELS
+from .models import MODELS, input_problem
 from .models.pretrain import PROXY_WEIGHTS, pretrain_spec
 from .overrides import blame, key_path, nested, parse_item
 from .registry import ConfigError, large_budgets_allowed, lift_hint, resolve_params, show
@@ -233,8 +233,13 @@ def _merge(base: dict, override: dict | None) -> dict:
     return out
 
 
-def resolve_training(training: dict | None, where: str, num_clients: int | None = None) -> dict:
+def resolve_training(training: dict | None, where: str, num_clients: int | None = None,
+                      blocks: list[tuple[str, dict | None]] | None = None, trial: bool = False) -> dict:
+    """The training setup `training` (the user's blocks merged, outer to inner) over the defaults;
+    `blocks`: those blocks as (config key, block), for errors naming the block that set an option
+    (default: `training` itself at `where`); `trial`: a tuning trial (fewer rounds than the final cells)."""
     t = _merge(TRAINING_DEFAULTS, training)
+    _check_unused_options(blocks if blocks is not None else [(where, training)])
     p = t["participation"]
     if isinstance(p, float) and p > 1:
         raise ConfigError(f"config key '{where}.participation' has value {p}; allowed: a fraction in (0, 1] or an integer count >= 1")
@@ -246,6 +251,7 @@ def resolve_training(training: dict | None, where: str, num_clients: int | None 
             raise ConfigError(f"config key '{where}.lr_schedule.milestones' has value {s['milestones']}; allowed: a non-empty increasing list of rounds")
         if s["values"] and len(s["values"]) != len(s["milestones"]) + 1:
             raise ConfigError(f"config key '{where}.lr_schedule.values' has value {s['values']}; allowed: len(milestones) + 1 = {len(s['milestones']) + 1} learning rates")
+    _check_schedule_reach(blocks if blocks is not None else [(where, training)], t, where, trial)
     if s["name"] == "cosine":
         s["total_rounds"] = t["rounds"]
     k = t.get("personal_eval_every")
@@ -253,6 +259,52 @@ def resolve_training(training: dict | None, where: str, num_clients: int | None 
         raise ConfigError(f"config key '{where}.personal_eval_every' has value {k}; allowed: a multiple of "
                           f"'{where}.eval_every' ({t['eval_every']}): the personalized models are scored at evaluations")
     return t
+
+
+#: The optimizer keys each optimizer reads and the lr_schedule keys each schedule reads (engine.OPTIMIZERS,
+#: engine.lr_at); a key the user sets that the chosen one never reads is an error, never silently ignored.
+OPTIMIZER_KEYS = {"sgd": {"name", "lr", "momentum", "weight_decay"}, "lars": {"name", "lr", "momentum", "weight_decay"},
+                  "adam": {"name", "lr", "weight_decay"}, "adamw": {"name", "lr", "weight_decay"}}
+SCHEDULE_KEYS = {"constant": {"name"}, "multistep": {"name", "milestones", "gamma", "values"}, "cosine": {"name", "min_lr"}}
+
+
+def _check_unused_options(blocks: list[tuple[str, dict | None]]) -> None:
+    """ConfigError for an optimizer or lr_schedule option that a training block sets (as written:
+    defaults are not options the user set) and that the optimizer or schedule in force at that block
+    (its own `name` or the one it inherits) never reads; and for gamma beside values. A key set under one name and inherited by a block that switches to
+    another is not reported (the outer block's cells read it; a block cannot unset a key)."""
+    merged: dict = {}
+    for key_of_block, block in blocks:
+        block = block or {}
+        merged = _merge(merged, block)
+        for section, keys_of in (("optimizer", OPTIMIZER_KEYS), ("lr_schedule", SCHEDULE_KEYS)):
+            name = (merged.get(section) or {}).get("name", TRAINING_DEFAULTS[section]["name"])
+            for key in sorted(set(block.get(section) or {}) - keys_of[name]):
+                raise ConfigError(f"config key '{key_of_block}.{section}.{key}' has value {show(block[section][key])}, which "
+                                  f"{section} '{name}' never reads; allowed keys with '{name}': {', '.join(sorted(keys_of[name]))}")
+        s = merged.get("lr_schedule") or {}
+        if s.get("name") == "multistep" and "values" in s and "gamma" in s and {"values", "gamma"} & set(block.get("lr_schedule") or {}):
+            raise ConfigError(f"config key '{key_of_block}.lr_schedule.gamma' has value {show(s['gamma'])} beside lr_schedule.values "
+                              f"{show(s['values'])}, which replace it; allowed: either gamma (lr x gamma at each milestone) or values "
+                              "(the lr of each phase)")
+
+
+def _check_schedule_reach(blocks: list[tuple[str, dict | None]], t: dict, where: str, trial: bool) -> None:
+    """A schedule in the resolved training `t` that cannot do what it says: a multistep milestone at or
+    after the last round (never applies; a tuning trial's fewer rounds excepted) or a cosine min_lr
+    the user set at or above the lr."""
+    s, lr = t["lr_schedule"], t["optimizer"]["lr"]
+    if s["name"] == "multistep" and s["values"] and s["values"][0] != lr:
+        raise ConfigError(f"config key '{where}.lr_schedule.values' has value {show(s['values'])}; allowed: values[0] equal to "
+                          f"'{where}.optimizer.lr' ({lr}): the values replace the lr, whose value would otherwise be ignored "
+                          "(or gamma, which scales it)")
+    late = [m for m in s["milestones"] if m >= t["rounds"]]
+    if s["name"] == "multistep" and late and not trial:
+        raise ConfigError(f"config key '{where}.lr_schedule.milestones' has value {show(s['milestones'])}; allowed: rounds below "
+                          f"'{where}.rounds' ({t['rounds']}): a milestone m changes the lr from round m + 1, so {late} never apply")
+    if s["name"] == "cosine" and s["min_lr"] >= lr and any("min_lr" in ((b or {}).get("lr_schedule") or {}) for _, b in blocks):
+        raise ConfigError(f"config key '{where}.lr_schedule.min_lr' has value {show(s['min_lr'])}; allowed: below "
+                          f"'{where}.optimizer.lr' ({lr}): the cosine schedule decays from lr to min_lr")
 
 
 def load_config(path: str | Path) -> Any:
@@ -341,6 +393,13 @@ def _check_partition_size(label: str, ds: str, dsinfo: dict, spec: dict) -> None
         raise ConfigError(f"config key 'partitions.{label}.params.min_partition_size' has value {m}; allowed: at most "
                           f"{n // k} ({scope} over {k} clients)")
     size = spec["params"].get("partition_size")
+    s = spec["params"].get("num_classes_per_partition")
+    if spec["partitioner"] == "label_quantity" and size and size < s:
+        raise ConfigError(f"config key 'partitions.{label}.params.partition_size' has value {size}; allowed: at least "
+                          f"num_classes_per_partition ({s}): one sample of each of a client's classes, or 0 for the largest size")
+    if spec["partitioner"] == "label_quantity" and s * k > n:
+        raise ConfigError(f"config key 'partitions.{label}.num_clients' has value {k}; allowed: at most {n // s} ({scope} over "
+                          f"disjoint clients of at least num_classes_per_partition = {s} samples each)")
     if spec["partitioner"] == "label_quantity" and size and size * k > n:  # disjoint clients of `size` samples each
         raise ConfigError(f"config key 'partitions.{label}.params.partition_size' has value {size}; allowed: at most {n // k} "
                           f"({scope} over {k} disjoint clients), or 0 for the largest size the classes allow")
@@ -355,6 +414,22 @@ def _check_partition_size(label: str, ds: str, dsinfo: dict, spec: dict) -> None
     if 2 * k > n and not spec.get("allow_empty_clients"):  # a training and a test sample each
         raise ConfigError(f"config key 'partitions.{label}.num_clients' has value {k}; allowed: at most {n // 2} ({scope}: "
                           "every client needs a training and a test sample), or allow_empty_clients: true")
+
+
+def _check_model_input(where: str, name: str, ds: str, params: dict, model_params: dict, given: dict | None,
+                       default: bool = False) -> None:
+    """ConfigError unless model `name` with `model_params` takes the samples of dataset `ds` with `params`
+    (rank and sides, then what the model's own check says of its parameters: models.input_problem)."""
+    shape = sample_shape(ds, params)
+    problem = input_problem(name, shape)
+    if problem:
+        fits = [m for m in MODELS.names() if input_problem(m, shape) is None]
+        raise ConfigError(f"config key '{where}.name' has value {name!r}{f' (the default for {ds})' if default else ''}; "
+                          f"allowed: a model that takes {ds}'s samples of shape {shape}: {', '.join(fits)} ({problem})")
+    problem = input_problem(name, shape, {**model_params, "weights": "none"})  # the weights are checked by the job that loads them
+    if problem:
+        raise ConfigError(f"config key '{where}.params' has value {show(given or {})}; allowed: parameters with which "
+                          f"'{name}' takes {ds}'s samples of shape {shape} ({problem})")
 
 
 def _model_params(where: str, model: dict) -> dict:
@@ -386,6 +461,8 @@ def resolve_experiment(config: dict) -> dict[str, Any]:
         params = resolve_params(f"config key 'datasets.{ds}.params'", spec.params, entry.get("params"))
         model = entry.get("model") or {"name": DEFAULT_MODELS.get(ds, "mlp")}
         model_params = _model_params(f"datasets.{ds}.model", model)
+        _check_model_input(f"datasets.{ds}.model", model["name"], ds, params, model_params, model.get("params"),
+                           default=not entry.get("model"))
         pretrained = None
         if model_params.get("weights") == PROXY_WEIGHTS:  # a backbone pre-trained once on the dataset's proxy (models/pretrain.py)
             pretrained = pretrain_spec(ds, params, {"params": model_params}, model.get("pretrain"), f"datasets.{ds}.model")
@@ -418,6 +495,10 @@ def resolve_experiment(config: dict) -> dict[str, Any]:
             if k is not None and k > dsinfo["num_classes"]:
                 raise ConfigError(f"config key 'partitions.{label}.params.num_classes_per_partition' has value {k}; allowed: at most the {dsinfo['num_classes']} classes of {ds}")
             _check_partition_size(label, ds, dsinfo, resolved)
+            by = resolved["params"].get("partition_by")
+            if by is not None and by not in group_columns(ds):
+                raise ConfigError(f"config key 'partitions.{label}.params.partition_by' has value {show(by)}; allowed: a group "
+                                  f"column of {ds}: {', '.join(group_columns(ds)) or f'none ({ds} has no per-sample groups)'}")
             partitions.append({"dataset": ds, "label": label, "id": partition_id(spec), "spec": resolved})
     base_training = config.get("training") or {}
     evaluation = _merge(EVALUATION_DEFAULTS, config.get("evaluation"))
@@ -442,16 +523,29 @@ def resolve_experiment(config: dict) -> dict[str, Any]:
         ds = part["dataset"]
         for label, (method, hp, method_training, own_model) in methods.items():
             model = own_model or datasets[ds]["model"]
+            if own_model:
+                _check_model_input(f"methods.{label}.model", own_model["name"], ds, datasets[ds]["params"], own_model["params"],
+                                   config["methods"][label]["model"].get("params"))
             METHODS.get(method).check_cell(f"methods.{label}", hp, model, part["spec"])
             # precedence: experiment < dataset < method; an error names the most specific key given
             training = _merge(_merge(base_training, datasets[ds]["training"]), method_training)
             where = (f"methods.{label}.training" if method_training else f"datasets.{ds}.training" if datasets[ds]["training"] else "training")
             spec = part["spec"]
-            t = resolve_training(training, where, spec["num_clients"] - spec["unseen_clients"])
+            blocks = [("training", base_training), (f"datasets.{ds}.training", datasets[ds]["training"]),
+                      (f"methods.{label}.training", method_training)]
+            t = resolve_training(training, where, spec["num_clients"] - spec["unseen_clients"], blocks)
             _check_training_budget(where, t)
             if "official" in t["global_test"] and spec["pool"]:
                 raise ConfigError(f"config key '{where}.global_test' has value {t['global_test']}; allowed: 'official' only with "
                                   f"a partition that keeps the official test set apart (partitions.{part['label']}.pool: false)")
+            if "official" in t["global_test"] and not has_official_test(ds, datasets[ds]["params"]):
+                raise ConfigError(f"config key '{where}.global_test' has value {t['global_test']}; allowed: 'official' only on a "
+                                  f"dataset with an official test set, which {ds} (params {show(datasets[ds]['params'])}) has not; "
+                                  f"'union' scores the clients' test splits together")
+            shape = sample_shape(ds, datasets[ds]["params"])
+            if t["augment"] != "none" and len(shape) != 3:
+                raise ConfigError(f"config key '{where}.augment' has value {t['augment']!r}; allowed: 'none' for {ds}, whose "
+                                  f"samples of shape {shape} are not images (C, H, W)")
             for seed in config["seeds"]:
                 cells.append({
                     "experiment": name, "dataset": ds, "partition": part["label"], "partition_id": part["id"],
@@ -496,8 +590,15 @@ def _tuning_cells(tuning: dict, cells: list[dict], base_training: dict, datasets
                 override.pop("personal_eval_every", None)
         override["global_test"] = []
         where = "tuning.training"
-        t = resolve_training(override, where, spec["num_clients"] - spec["unseen_clients"])
+        blocks = [("training", base_training), (f"datasets.{ds}.training", datasets[ds]["training"]),
+                  (f"methods.{label}.training", methods[label][2]), (where, tuning["training"])]
+        t = resolve_training(override, where, spec["num_clients"] - spec["unseen_clients"], blocks, trial=True)
         _check_training_budget(where, t)
+        if len(set(plan["space"].get("lr") or [])) > 1 and t["lr_schedule"]["name"] == "multistep" and t["lr_schedule"]["values"]:
+            raise ConfigError(f"config key 'tuning.lr' has value {show(plan['space']['lr'])} for method label '{label}', whose "
+                              f"lr_schedule.values {show(t['lr_schedule']['values'])} replace the lr (every trial would train "
+                              "alike); allowed: lr_schedule gamma (which scales the tuned lr) or one lr (tuning.lr: "
+                              "[values[0]])")
         for trial in plan["trials"]:
             for seed in tuning["seeds"]:
                 # (the values were checked against the method's parameters in fedrepro.tuning)

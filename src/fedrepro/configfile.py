@@ -5,7 +5,8 @@
 profiles, Snakemake's own `--configfile` loading (fedrepro.snakemake_guard) all use it.
 It refuses, with a one-line message naming the key, the value and what is allowed:
 
-* files that are missing, unreadable, larger than `MAX_BYTES` or not UTF-8;
+* files that are missing, unreadable, not regular files (a directory; a FIFO is refused without
+  blocking on it), larger than `MAX_BYTES` or not UTF-8;
 * YAML tags of any kind (`!!python/...`, `!!binary`, `!foo`, ...): a config is plain data;
 * YTE templates (`__use_yte__`, `__definitions__`, `__variables__`): Snakemake would run
   them as Python;
@@ -25,6 +26,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -186,12 +189,19 @@ def parse_config_text(text: str, name: str = "<string>", source: str | None = No
 def read_config_file(path: str | Path) -> Any:
     """The parsed content of a config file; ConfigError (never a traceback) for anything unsafe."""
     name = str(path)
-    p = Path(path)
     try:
-        with open(p, "rb") as fh:
+        # O_NONBLOCK and fstat before any read: a FIFO, socket or device named as the config never blocks the reader
+        fd = os.open(Path(path), os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+        with os.fdopen(fd, "rb") as fh:
+            mode = os.fstat(fh.fileno()).st_mode
+            if not stat.S_ISREG(mode):
+                kind = "a directory" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode) else "not a regular file"
+                raise ConfigError(f"{_file(name)}: {kind}; allowed: the path of a regular YAML or JSON file")
             data = fh.read(MAX_BYTES + 1)
     except FileNotFoundError:
         raise ConfigError(f"{_file(name)}: not found; allowed: the path of an existing YAML or JSON file") from None
+    except IsADirectoryError:
+        raise ConfigError(f"{_file(name)}: a directory; allowed: the path of a regular YAML or JSON file") from None
     except OSError as exc:
         raise ConfigError(f"{_file(name)}: cannot be read ({exc.strerror or exc}); allowed: a readable YAML or JSON file") from None
     if len(data) > MAX_BYTES:

@@ -64,6 +64,8 @@ class Param:
     max_items: int | None = None  # for a list value: at most this many elements
 
     def check(self, where: str, key: str, value: Any) -> None:
+        if value is None and self.default is None:
+            return  # an optional parameter left unset (null): resolved cells carry it so, and are checked again
         types = self.type if self.type is not None else _infer_type(self.default)
         if types is not None:
             types_t = types if isinstance(types, tuple) else (types,)

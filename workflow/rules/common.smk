@@ -28,6 +28,14 @@ try:
 except ConfigError as exc:
     sys.exit(f"fedrepro: invalid experiment config: {exc}")
 
+# The warnings `fedrepro validate` prints (clients that never train under the client sampling), from
+# the same function, once: in the main Snakemake process, not again in each job that re-parses this file.
+if workflow.is_main_process:
+    from fedrepro.cli import untrained_warnings
+
+    for line in untrained_warnings(EXP):
+        print(f"fedrepro: warning: {line}", file=sys.stderr)
+
 NAME = EXP["experiment"]
 OUT = f"results/{NAME}"
 CELLS = {

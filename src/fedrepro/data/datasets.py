@@ -130,6 +130,39 @@ def sample_bounds(name: str, params: dict[str, Any]) -> tuple[int, int] | None:
     return _SIZES.get(name)
 
 
+#: Facts about a dataset's samples that configs are checked against before any job runs (fedrepro.config),
+#: where they differ from the registry's defaults: whether the dataset has an official test set
+#: (official_split 1; `training.global_test: [official]` needs one) and its per-sample group columns
+#: (RawDataset.groups; partitioners' `partition_by`). A callable takes the resolved parameters.
+_NO_OFFICIAL_TEST: dict[str, Any] = {"digits": True, "synthetic": True, "mitbih": True,
+                                     "pacs": lambda p: p.get("split") != "kfold",
+                                     "shifted_domains": lambda p: p.get("base") == "digits"}
+_GROUPS: dict[str, tuple[str, ...]] = {"synthetic": ("user",), "mitbih": ("patient", "record"),
+                                       **dict.fromkeys(("pacs", "domainnet", "digit5", "shifted_domains"), ("domain",))}
+
+
+def sample_shape(name: str, params: dict[str, Any]) -> tuple[int, ...]:
+    """The shape of one sample of dataset `name` with resolved `params` (an `image_size` or a
+    `window` parameter sets the sides), without reading any file."""
+    shape = tuple(DATASETS.get(name).sample_shape)
+    if isinstance(params.get("image_size"), int):
+        return (shape[0], params["image_size"], params["image_size"])
+    if isinstance(params.get("window"), int):
+        return (shape[0], params["window"])
+    return shape
+
+
+def has_official_test(name: str, params: dict[str, Any]) -> bool:
+    """Whether dataset `name` with resolved `params` has official test rows (official_split 1)."""
+    rule = _NO_OFFICIAL_TEST.get(name, False)
+    return not (rule(params) if callable(rule) else rule)
+
+
+def group_columns(name: str) -> tuple[str, ...]:
+    """The per-sample group columns (RawDataset.groups) that dataset `name` provides."""
+    return _GROUPS.get(name, ())
+
+
 def load_dataset(name: str, root: Path, params: dict | None = None) -> RawDataset:
     """Read dataset `name` from `root` (no network); `DataMissingError` if absent."""
     spec, resolved = _resolve(name, params)

@@ -48,6 +48,7 @@ class SplitModel(nn.Module):
     "PFLlib's FedAvgCNN: 2x[conv5x5 -> ReLU -> maxpool2] -> fc 512 -> ReLU | head: linear (McMahan et al. 2017)",
     params={"hidden": Param(512, "width of the fully connected feature layer", int, minimum=1, maximum=MAX_WIDTH)},
     inputs="images (C, H, W) with H, W >= 16, e.g. 28x28 and 32x32",
+    input_dims=(3,), min_side=16,
 )
 def fedavg_cnn(sample_shape: Sequence[int], num_classes: int, hidden: int = 512) -> SplitModel:
     c, h, w = sample_shape
@@ -66,7 +67,8 @@ def fedavg_cnn(sample_shape: Sequence[int], num_classes: int, hidden: int = 512)
     "cnn4",
     "FedBABU's 4-conv CNN: 4x[conv3x3(64) -> BN(no running stats) -> ReLU -> maxpool2] | head: linear (Oh et al. 2022)",
     params={"channels": Param(64, "channels of every conv layer", int, minimum=1, maximum=MAX_WIDTH)},
-    inputs="images (C, H, W), e.g. 28x28 (64-d features) and 32x32 (256-d)",
+    inputs="images (C, H, W) with H, W >= 16, e.g. 28x28 (64-d features) and 32x32 (256-d)",
+    input_dims=(3,), min_side=16,
 )
 def cnn4(sample_shape: Sequence[int], num_classes: int, channels: int = 64) -> SplitModel:
     c, h, w = sample_shape
@@ -85,7 +87,8 @@ def cnn4(sample_shape: Sequence[int], num_classes: int, channels: int = 64) -> S
     "torchvision ResNet-18 with the CIFAR stem (3x3 conv1, stride 1, no max-pool) | head: fc (He et al. 2016)",
     params={"conv1_padding": Param(1, "padding of the 3x3 stem; Calibre's encoder (Plato cnn_encoder.py) uses 2", int, minimum=0,
                                    maximum=3)},
-    inputs="images (C, 32, 32) (works for any size >= 8)",
+    inputs="images (C, H, W), made for 32x32 (works for any size)",
+    input_dims=(3,),
 )
 def resnet18_cifar(sample_shape: Sequence[int], num_classes: int, conv1_padding: int = 1) -> SplitModel:
     from torchvision.models import resnet18
@@ -157,7 +160,8 @@ class _BasicBlock1d(nn.Module):
                              maximum=1024),
         "head_hidden": _HEAD_HIDDEN,
     },
-    inputs="1-D signals (1, L) or (L,), e.g. R-peak-centred ECG beat windows",
+    inputs="1-D signals (C, L) or (L,), e.g. R-peak-centred ECG beat windows (1, 256)",
+    input_dims=(1, 2),
 )
 def resnet1d(sample_shape: Sequence[int], num_classes: int, width: int = 64, kernel_size: int = 7,
              head_hidden: int | None = None) -> SplitModel:
@@ -201,6 +205,7 @@ class _CifarBlock(nn.Module):
     "(GRP-FED's 'ResNet-30', methods.md §3.1)",
     params={"head_hidden": _HEAD_HIDDEN},
     inputs="images (C, H, W), e.g. 3x32x32 (64-d features)",
+    input_dims=(3,),
 )
 def resnet32_cifar(sample_shape: Sequence[int], num_classes: int, head_hidden: int | None = None) -> SplitModel:
     n = 5
@@ -212,6 +217,23 @@ def resnet32_cifar(sample_shape: Sequence[int], num_classes: int, head_hidden: i
             cin = cout
     layers += [nn.AdaptiveAvgPool2d(1), nn.Flatten()]
     return SplitModel(nn.Sequential(*layers), fc_head(64, num_classes, head_hidden), 64)
+
+
+def input_problem(name: str, sample_shape: Sequence[int], params: dict | None = None) -> str | None:
+    """Why model `name` cannot take samples of `sample_shape` (its registry entry's `input_dims`, the
+    sample dimensions it accepts, and `min_side`, the smallest spatial side its layers leave a
+    pixel of; with resolved `params`, also its `input_check(sample_shape, params)`); None where it
+    can. Decided without training the model (tests/test_config.py checks it against a forward pass)."""
+    info = MODELS.entry(name).info
+    shape = tuple(sample_shape)
+    dims = info.get("input_dims")
+    if dims is not None and len(shape) not in dims:
+        return f"model '{name}' takes {info['inputs']}, not samples of shape {shape}"
+    side = info.get("min_side", 1)
+    if len(shape) == 3 and min(shape[1:]) < side:
+        return f"model '{name}' takes {info['inputs']}: its layers need sides >= {side}, not samples of shape {shape}"
+    check = info.get("input_check")
+    return check(shape, params) if check and params is not None else None
 
 
 def build_model(name: str, sample_shape: Sequence[int], num_classes: int, params: dict | None = None) -> SplitModel:

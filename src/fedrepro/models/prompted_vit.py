@@ -189,6 +189,24 @@ def build_backbone(name: str, args: dict, weights: str) -> nn.Module:
     return net
 
 
+def _input_check(sample_shape: Sequence[int], params: dict) -> str | None:
+    """Why a prompted_vit with `params` cannot take samples of `sample_shape`: backbone_args that timm
+    refuses, or `resize: false` with sides other than the backbone's img_size. The backbone is built on
+    the meta device (no weights, no memory; milliseconds once timm is imported), before any job."""
+    args = {"in_chans": int(sample_shape[0]), **(params.get("backbone_args") or {})}
+    try:
+        with torch.device("meta"):
+            net = build_backbone(params["backbone"], args, WEIGHTS_NONE)
+    except ConfigError as exc:
+        return str(exc)
+    except (TypeError, ValueError, AssertionError, RuntimeError) as exc:
+        return f"timm cannot build {params['backbone']!r} with backbone_args {show(args)} ({exc})"
+    side = tuple(net.patch_embed.img_size)
+    if not params.get("resize", True) and tuple(sample_shape[1:]) != side:
+        return f"resize: false needs samples of the backbone's img_size {side}, not of shape {tuple(sample_shape)}"
+    return None
+
+
 @MODELS.register(
     "prompted_vit",
     "frozen timm ViT + P appended prompts (+ FedGCR's GC-Net type-specific prompt per sample) | head: linear "
@@ -211,6 +229,7 @@ def build_backbone(name: str, args: dict, weights: str) -> nn.Module:
                               "to 224)", bool),
     },
     inputs="images (C, H, W); resized on the device to the backbone's img_size",
+    input_dims=(3,), input_check=_input_check,
 )
 def prompted_vit(sample_shape: Sequence[int], num_classes: int, backbone: str = "vit_base_patch16_224",
                  backbone_args: dict | None = None, weights: str = WEIGHTS_TIMM, num_prompts: int = 4, gc_net: bool = True,
