@@ -376,7 +376,7 @@ def test_fedgcr_table5_keeps_the_papers_sigma_domain():
     assert "σ_domain (↓)" in md and "σ_type" not in md.split("\n\n")[2]
 
 
-def test_grp_fed_notes_say_what_the_welch_marks_assume(toy, tmp_path):
+def test_grp_fed_notes_say_what_the_welch_marks_assume():
     res = _no_runs("grp_fed", "table1")
     res.seeds = [0, 1, 2]
     md = to_markdown(res)
