@@ -8,6 +8,7 @@ import copy
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -200,7 +201,7 @@ def test_toy_table_numbers(toy, tmp_path):
     assert tests.loc["Base", "p"] == pytest.approx(2 * _t2_sf(2 * math.sqrt(3)), abs=1e-5)
     assert tests.loc["part", "n"] == 2  # seed 2 of "part" failed: paired over 0 and 1
     md = (tmp_path / "out" / "t1.md").read_text()
-    assert "**72.00** ± 2.00 / 78.00 / −6.00 ◇" in md
+    assert "72.00△ ± 2.00 / 78.00 / −6.00 ◇" in md  # △: our best under the paper's rule
     assert "Seeds: 3 seed(s) per cell (0, 1, 2)" in md
     assert "Base | +2.00, t, p = 0.074 (n=3)" in md
 
@@ -219,9 +220,9 @@ def test_missing_and_failed_cells_render_as_such(toy, tmp_path):
     assert "| ghost | missing / – / – |" in md and "| absent | not run / – / – |" in md
     assert "| part | 62.00 ± 2.83 (n=2, 1 failed) / – / – |" in md
     tex = (tmp_path / "t1.tex").read_text()
-    assert r"\toprule" in tex and r"\textbf{72.00}" in tex and "failed (3 seeds)" in tex
+    assert r"\toprule" in tex and r"72.00$^{\triangle }$" in tex and "failed (3 seeds)" in tex
     html = (tmp_path / "t1.html").read_text()
-    assert "<b>72.00</b>" in html and "not run" in html and "class=beyond" in html
+    assert "72.00<sup>△</sup>" in html and "not run" in html and "class=beyond" in html
 
 
 def test_welch_when_the_paper_gives_its_seed_std(toy, tmp_path):
@@ -273,7 +274,7 @@ def test_every_paper_config_has_its_tables(path):
         if not plan.reduced:  # a full-scale config fills every cell (a reduced one may fill a small table too)
             assert statuses.count("not run") == 0
         for text in (to_markdown(res), to_latex(res, tid), to_html(res)):
-            assert res.table.title in text
+            assert res.table.title in text and not NEGATIVE_ZERO.search(text)
         check_tex(to_latex(res, tid), len(res.table.columns))
         if plan.reduced:
             assert all(math.isnan(c.diff) for c in res.cells.values())
@@ -306,29 +307,146 @@ def test_every_layout_renders_without_runs(paper):
         to_latex(res, t.id), to_html(res)
 
 
-def test_bolding_rules_follow_the_paper():
-    """The rule, applied to the paper's own values, gives the paper's marks; on ours likewise."""
+def test_paper_marks_are_data_and_ours_follow_the_rule():
+    """The paper's marks come from the published file as printed; the rule marks only ours (△)."""
     plan, exp = config_plan(REPO / "config" / "papers" / "fedcosr.yaml")
     res = build_from_plan(plan, "table2", synthetic_frame(plan, exp))
 
-    def ranks(metric: str, attr: str) -> dict:
-        return {c.key[0]: getattr(c, attr) for c in res.cells.values()
-                if c.key[1:] == ("cifar10", "practical", metric) and getattr(c, attr)}
+    def marks(metric: str) -> dict:
+        return {c.key[0]: c.paper_mark for c in res.cells.values()
+                if c.key[1:] == ("cifar10", "practical", metric) and c.paper_mark}
 
     # the paper: Acc. 92.15* (FedCoSR), 90.79† (FedPAC), 90.66‡ (FedRep); Std. 5.57* 6.28† 6.51‡ (lower is better)
-    assert ranks("acc", "rank_paper") == {"fedcosr": 1, "fedpac": 2, "fedrep": 3}
-    assert ranks("std", "rank_paper") == {"fedcosr": 1, "fedrep": 2, "fedper": 3}
+    assert marks("acc") == {"fedcosr": "*", "fedpac": "†", "fedrep": "‡"}
+    assert marks("std") == {"fedcosr": "*", "fedrep": "†", "fedper": "‡"}
     ours = [c for c in res.cells.values() if c.key[1:] == ("cifar10", "practical", "std") and not c.row.derived]
     best = min(ours, key=lambda c: c.stats.mean)
-    assert sorted(ranks("std", "rank_ours").values()) == [1, 2, 3] and best.rank_ours == 1
+    assert sorted(c.rank_ours for c in ours if c.rank_ours) == [1, 2, 3] and best.rank_ours == 1
+    assert f"{best.stats.mean:.2f}△1" in to_markdown(res)
     avg = res.cells[("averaged", "cifar10", "practical", "std")]
     assert avg.rank_ours == 0  # the derived row is not ranked; it is the mean of the rows above it
     assert avg.stats.mean == pytest.approx(np.mean([c.stats.mean for c in ours])) and avg.paper == 8.21
     assert avg.diff == pytest.approx(avg.stats.mean - 8.21) and avg.dev.beyond is None
-    # GRP-FED bolds only Global Test and Local Test: GRP-FED's own values
+    # GRP-FED's text carries no bold: no paper value is marked; ours only in Global Test and Local Test
     plan, exp = config_plan(REPO / "config" / "papers" / "grp_fed.yaml")
     res = build_from_plan(plan, "table1", synthetic_frame(plan, exp))
-    assert {(c.key[0], c.key[3]) for c in res.cells.values() if c.rank_paper == 1} == {("grp_fed", "g_test"), ("grp_fed", "l")}
+    assert not any(c.paper_mark for c in res.cells.values())
+    assert {c.key[3] for c in res.cells.values() if c.rank_ours == 1} == {"g_test", "l"}
+    assert "are not recorded for this table, so its values are shown plain" in to_markdown(res)
+
+
+def _no_runs(paper: str, table: str):
+    return build_table(load_published(PUBLISHED / f"{paper}.yaml").tables[table], pd.DataFrame(columns=SUMMARY_COLUMNS))
+
+
+def test_fedgcr_table1_bolds_exactly_the_papers_bold_cells():
+    """Bold as the paper prints it (the text's <b>…</b>), in every rendering; 9.86 and 8.40 (DIF 5, σ_type and
+    σ_client) are the best of their columns but plain in the paper."""
+    res = _no_runs("fedgcr", "table1")
+    bold = {"85.82", "8.55", "85.11", "82.74", "12.26", "8.52"}
+    md, tex, html = to_markdown(res), to_latex(res, "t"), to_html(res)
+    assert set(re.findall(r"\*\*(\d+\.\d+)\*\*", md)) == bold and md.count("**8.55**") == 2
+    assert set(re.findall(r"\\textbf\{(\d+\.\d+)\}", tex)) == bold
+    assert set(re.findall(r"<b>(\d+\.\d+)</b>", html)) == bold
+    assert "The paper's values carry the paper's own marks" in md and "fedgcr.txt" in md
+
+
+def test_fedcrc_table1_has_the_papers_rows_and_no_sections():
+    res = _no_runs("fedcrc", "table1")
+    assert [r.key["method"] for r in res.table.rows] == ["fedavg", "fedprox", "fedbabu", "fedper", "fedrep", "fedcrc",
+                                                         "fedcrc_per"]
+    assert {r.section for r in res.table.rows} == {None}
+    md = to_markdown(res)
+    names = [line.split(" | ")[0].strip("| ") for line in md.splitlines() if line.startswith("| ")][1:]
+    assert names == ["FedAvg", "FedProx", "FedBABU", "FedPer", "FedRep", "FedCRC", "FedCRC-Per"]
+    assert r"\emph{" not in to_latex(res, "t")
+
+
+def test_calibre_cells_mark_the_papers_spread_over_clients():
+    res = _no_runs("calibre", "table1")
+    md = to_markdown(res)
+    assert "54.67 ± 14.32 (clients)" in md and "± its spread over clients" in md
+    kinds = re.findall(r"/ \d+\.\d+ ± \d+\.\d+( \(clients\))?", md)  # the paper's side of every cell
+    assert len(kinds) == 12 and all(kinds)
+    assert "(clients)" in to_latex(res, "t") and "(clients)" in to_html(res)
+
+
+def test_fedgcr_table5_keeps_the_papers_sigma_domain():
+    md = to_markdown(_no_runs("fedgcr", "table5"))
+    assert "σ_domain (↓)" in md and "σ_type" not in md.split("\n\n")[2]
+
+
+def test_grp_fed_notes_say_what_the_welch_marks_assume():
+    res = _no_runs("grp_fed", "table1")
+    res.seeds = [0, 1, 2]
+    md = to_markdown(res)
+    assert "Assumed: the paper's ± is the std over 3 runs ([RECON]; the paper does not say" in md
+    assert "± its std over 3 runs (assumed, see below)" in md
+
+
+def test_degenerate_paired_tests_have_no_p():
+    """Every per-seed difference the same: neither test is defined (n = 2 or 6 alike); zero differences are not
+    counted in the signed-rank test's n."""
+    for n in (2, 3, 6):
+        r = paired_test({s: 71.0 + s for s in range(n)}, {s: 70.0 + s for s in range(n)})
+        assert (r.test, r.n, r.note) == ("none", n, "all differences equal") and math.isnan(r.p)
+        assert r.mean_diff == pytest.approx(1.0)
+    zero = paired_test({s: 1.0 for s in range(6)}, {s: 1.0 for s in range(6)})
+    assert zero.test == "none" and zero.note == "all differences zero" and math.isnan(zero.p)
+    # 6 seeds, one zero difference: the signed-rank test ranks 5; all positive, so p = 2 / 2^5
+    w = paired_test({s: 1.0 + s for s in range(6)}, {0: 1.0, **{s: 0.5 + s for s in range(1, 6)}})
+    assert (w.test, w.n) == ("Wilcoxon signed-rank", 5) and w.p == pytest.approx(2 / 2**5)
+    assert w.note == "1 zero difference(s) dropped"
+    assert deviation(seed_stats([72.0, 72.0, 72.0]), 78.0).p != 0.0  # identical seeds: no p either
+    assert math.isnan(deviation(seed_stats([72.0, 72.0, 72.0]), 78.0).p)
+
+
+def test_degenerate_tests_render_as_such(toy, tmp_path):
+    """A baseline exactly 1 point below ours in every seed: 'n/a: all differences equal', never 'p < 0.001'."""
+    published, _ = toy
+    paths = []
+    for label, accs in {"ours": [0.70, 0.72, 0.74], "base": [0.69, 0.71, 0.73]}.items():
+        for seed, acc in enumerate(accs):
+            path = tmp_path / "deg" / label / f"seed{seed}" / "metrics.json"
+            write_json_atomic(path, metrics("digits", "p", label, seed, {"global": acc}))
+            paths.append(str(path))
+    assert main(["paper-table", *paths, "--published", str(published), "--spec", toy_spec(), "--out-prefix",
+                 str(tmp_path / "t1")]) == 0
+    for ext in (".md", ".tex", ".html"):
+        text = (tmp_path / f"t1{ext}").read_text()
+        assert "n/a: all differences equal (n=3)" in text and "p < 0.001" not in text
+    tests = read_csv(tmp_path / "t1_tests.csv").set_index("baseline")
+    assert tests.loc["Base", "test"] == "none" and pd.isna(tests.loc["Base", "p"]) and tests.loc["Base", "n"] == 3
+
+
+def test_latex_carries_the_paired_tests(toy, tmp_path):
+    published, paths = toy
+    main(["paper-table", *paths, "--published", str(published), "--spec", toy_spec(), "--out-prefix", str(tmp_path / "t1")])
+    tex = (tmp_path / "t1.tex").read_text()
+    tests = tex[tex.index(r"\label{tab:toy_t1_tests}"):]
+    assert "Ours vs Base & +2.00, t, p = 0.074 (n=3)" in tests and r"\bottomrule" in tests
+    assert tex.count(r"\begin{table}") == tex.count(r"\end{table}") == 2
+
+
+NEGATIVE_ZERO = re.compile(r"(?:−|-|\$-\$)0\.0+(?![0-9])")
+
+
+def test_no_negative_zero_in_rendered_tables(tmp_path):
+    """A difference that rounds to zero prints as 0.00, in every rendering."""
+    doc = copy.deepcopy(TOY)
+    doc["tables"]["t1"]["cells"][0]["value"] = 72.004  # ours: 72.00 over 3 seeds; Δ = −0.004
+    published = tmp_path / "toy.yaml"
+    published.write_text(yaml.safe_dump(doc, allow_unicode=True))
+    paths = []
+    for seed, acc in enumerate([0.70, 0.72, 0.74]):
+        path = tmp_path / "runs" / f"seed{seed}" / "metrics.json"
+        write_json_atomic(path, metrics("digits", "p", "ours", seed, {"global": acc}))
+        paths.append(str(path))
+    main(["paper-table", *paths, "--published", str(published), "--spec", toy_spec(), "--out-prefix", str(tmp_path / "t1")])
+    md = (tmp_path / "t1.md").read_text()
+    assert "72.00△ ± 2.00 / 72.00 / 0.00 |" in md
+    for ext in (".md", ".tex", ".html"):
+        assert not NEGATIVE_ZERO.search((tmp_path / f"t1{ext}").read_text()), ext
 
 
 # ---------------------------------------------------------------------------------------------
@@ -417,6 +535,50 @@ def test_figures_of_papers_without_experiments(paper, table, plot, tmp_path):
     cells = [metrics(ds, st, m, s, {"global": 0.6 + 0.05 * i + 0.01 * s}) for i, m in enumerate(labels) for s in (0, 1)]
     draw_figure(plan, "f", cells, tmp_path / "f.png")
     assert (tmp_path / "f.png").read_bytes()[:8] == PNG
+
+
+def test_grp_fed_fig5_analogue(tmp_path):
+    """Fig. 5 (single clients): ours from the client with the highest / lowest Global Test, the paper's 36 values
+    beside them; the table itself shows ours only as 'in the figure', never a mean over clients."""
+    from fedrepro.report.paper_plots import plot_client_cases
+
+    p = load_published(PUBLISHED / "grp_fed.yaml")
+    t = p.tables["fig5"]
+    labels = [r.key["method"] for r in t.rows]
+    inv = Inventory({m: "fedavg" for m in labels}, {"mitbih": ["patients"]})
+    mapping = {"settings": {"client_similar": "patients", "client_far": "patients"},
+               "metrics": {"client_g_test": {"column": "f1_mean", "kind": "global"},
+                           "client_l": {"column": "f1_mean", "kind": "global"}, "client_p": {"column": "f1_mean", "kind": "personal"}}}
+    targets = resolve_targets(t, mapping, inv)
+    assert len(targets) == 36
+    fp = FigurePlan("fig5", p.figures["fig5"], t, mapping, targets)
+    # per-client values w - 0.03, w - 0.01, w + 0.01, w + 0.03 (metrics()): client 3 is highest, client 0 lowest
+    cells = [metrics("mitbih", "patients", m, s, {"global": 0.6 + 0.01 * s, "personal": 0.7}) for m in labels for s in (0, 1)]
+    picked = plot_client_cases(fp, cells, tmp_path / "fig5.png")
+    assert picked == {"client_similar": 3, "client_far": 0}
+    assert (tmp_path / "fig5.png").read_bytes()[:8] == PNG
+    res = build_table(t, pd.DataFrame(columns=SUMMARY_COLUMNS), TablePlan(t, mapping, targets, 36))
+    assert {c.status for c in res.cells.values()} == {"in the figure"} and not res.tests
+    assert "| GRP-FED | in the figure / 0.997 / – |" in to_markdown(res)
+
+
+FIG5_MAPPING = {"settings": {"client_similar": "patients", "client_far": "patients"},
+                "metrics": {"client_g_test": {"column": "f1_mean", "kind": "global"},
+                            "client_l": {"column": "f1_mean", "kind": "union_hm"},
+                            "client_p": {"column": "f1_mean", "kind": ["personal", "global"]}}}
+
+
+def test_grp_fed_fig5_maps_onto_the_paper_config(tmp_path):
+    """What config/papers/grp_fed.yaml needs for Fig. 5 (tables.fig5 + figures.fig5) plans and draws."""
+    path = REPO / "config" / "papers" / "grp_fed.yaml"
+    config = load_config(path)
+    config["paper_tables"]["tables"]["fig5"] = FIG5_MAPPING
+    config["paper_tables"]["figures"]["fig5"] = {}
+    exp = resolve_experiment(config)
+    plan = plan_paper_tables(config, exp, config_path=path)
+    fp = plan.figures["fig5"]
+    assert fp.table.id == "fig5" and len(fp.targets) == 36 and {t.partition for t in fp.targets.values()} == {"patients"}
+    assert json.loads(json.dumps(plan.spec(table="fig5", figure="fig5")))["figure"] == "fig5"
 
 
 # ---------------------------------------------------------------------------------------------

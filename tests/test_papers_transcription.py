@@ -7,6 +7,7 @@ run on any clone; where the full texts are here (../shared/papers beside the rep
 
 from __future__ import annotations
 
+import functools
 import re
 import sys
 
@@ -24,7 +25,7 @@ EXCERPTS = REPO / "tests" / "paper_excerpts"
 # Numeric cells per table, as transcribed (FedCoSR Table III: two "–" for FedPAC at β = 0.01).
 CELLS = {
     "fedcrc": {"table1": 84, "table2": 18, "table3": 16},
-    "grp_fed": {"table1": 64},
+    "grp_fed": {"table1": 64, "fig5": 36},  # fig5: 2 clients x 6 methods x (Global, Local, Personalization)
     "fedcosr": {"table2": 204, "table3": 204, "fairness": 2, "scarcity": 0},
     "calibre": {"table1": 12, "methods": 0},  # methods: Figs. 3-4, plots only in the paper
     "fedgcr": {"table1": 72, "table2": 72, "table3": 15, "table4": 24, "table5": 12},
@@ -44,9 +45,14 @@ def test_excerpts_are_the_papers_own_lines(paper):
     assert text(paper) == excerpt(paper, path.read_text()), "rerun tests/paper_excerpts/extract.py"
 
 
+@functools.cache
+def published(paper: str):
+    return load_published(PUBLISHED / f"{paper}.yaml")
+
+
 def row(paper: str, table: str, method: str, **fixed) -> list:
     """The values of one row, in the layout's column order."""
-    t = load_published(PUBLISHED / f"{paper}.yaml").tables[table]
+    t = published(paper).tables[table]
     out = []
     for col in t.columns:
         key = {"method": method, **col.key}
@@ -130,3 +136,64 @@ def test_fedgcr_rows_in_order():
     assert [c.value for c in row("fedgcr", "table5", "fedgc")] == [79.49, 16.57, 11.61]
     assert "| T' = 6 | 85.86 | 8.45            | 8.16              | 82.99  | 11.92" in src
     assert [c.value for c in row("fedgcr", "table4", "fedgcr_t6")] == [85.86, 8.45, 8.16, 82.99, 11.92, 8.36]
+
+
+def test_grp_fed_fig5_in_order():
+    # Fig. 5's numbers are one run of text: "Method Global Test Local Test Personalization" then
+    # "<method> <G> <L> <P>" per method, the upper client first, then again for the lower client
+    line = next(x for x in text("grp_fed").splitlines() if x.startswith("Method Global Test Local Test Personalization FedAvg"))
+    blocks = [b.strip() for b in line.split("Method Global Test Local Test Personalization") if b.strip()]
+    assert len(blocks) == 2
+    names = published("grp_fed").names["method"]
+    t = published("grp_fed").tables["fig5"]
+    methods = [r.key["method"] for r in t.rows]
+    for setting, block in zip(("client_similar", "client_far"), blocks):
+        expected = " ".join(f"{names[m]} " + " ".join(fmt(c.value, 3) for c in row("grp_fed", "fig5", m, setting=setting))
+                            for m in methods)
+        assert block == expected
+
+
+RANK_MARKS = (("‡", r"ddagger|‡"), ("†", r"dagger|†"), ("*", r"\*"))  # \ddagger before \dagger
+
+
+def _text_mark(cell: str) -> str | None:
+    return next((mark for mark, pattern in RANK_MARKS if re.search(pattern, cell)), None)
+
+
+def _marks(paper: str, table: str) -> dict:
+    t = published(paper).tables[table]
+    return {k: c.mark for k, c in t.cells.items() if c.mark}
+
+
+def test_fedgcr_bold_cells_are_the_texts_bold_cells():
+    """FedGCR's bold: exactly the <b>…</b> of the text (FedGCR's rows of Tables 1 and 2; 9.86, 8.40, 84.08, 9.04,
+    81.88 and 9.07 are plain there although they are the best of their column)."""
+    lines = [x for x in text("fedgcr").splitlines() if x.startswith("| FedGCR") and "<b>" in x]
+    assert len(lines) == 2
+    for table, line in zip(("table1", "table2"), lines):
+        t = published("fedgcr").tables[table]
+        printed = [c.strip() for c in line.strip().strip("|").split("|")][1:]
+        fedgcr = next(r for r in t.rows if r.key["method"] == "fedgcr")
+        expected = {t.key(fedgcr, col): "bold" for col, cell in zip(t.columns, printed) if "<b>" in cell}
+        assert _marks("fedgcr", table) == expected and t.marks
+    assert not any(_marks("fedgcr", tid) for tid in ("table3", "table4", "table5"))
+
+
+def test_fedcosr_rank_marks_are_the_texts_marks():
+    """The superscripts *, †, ‡ as the text prints them, row by row (Table II labelled, Table III in row order)."""
+    lines = text("fedcosr").splitlines()
+    t2 = published("fedcosr").tables["table2"]
+    rows2 = [x.split("\t")[1:] for x in lines[lines.index(next(x for x in lines if x.startswith("Local\t"))):]
+             if "\t" in x and not x.startswith("Averaged")][:16]
+    end = lines.index(next(x for x in lines if x.startswith("78.12\t14.58")))
+    rows3 = [x.split("\t") for x in lines[:end] if re.match(r"^\$?(\\underline\{|<u>)?\d", x) and x.count("\t") >= 11][-16:]
+    for table, printed in (("table2", rows2), ("table3", rows3)):
+        t = published("fedcosr").tables[table]
+        rows = [r for r in t.rows if not r.derived]
+        assert len(printed) == len(rows)
+        expected = {}
+        for r, cells in zip(rows, printed):
+            cells = [c for c in cells if c.strip()]
+            assert len(cells) == len(t.columns), cells
+            expected |= {t.key(r, col): m for col, cell in zip(t.columns, cells) if (m := _text_mark(cell))}
+        assert _marks("fedcosr", table) == expected and len(expected) == 3 * len(t.columns)

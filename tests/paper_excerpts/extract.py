@@ -19,7 +19,7 @@ REPO = HERE.parents[1]
 SOURCES = {"fedcrc": "fedcrc", "grp_fed": "grp-fed", "fedcosr": "fedcosr", "calibre": "calibre", "fedgcr": "fedgcr"}
 ROW_MARKS = {
     "fedcrc": ["FedRep [8]", "FedCRC-Per\t"],
-    "grp_fed": ["GRP-FED 0.", "q-FFL 0."],
+    "grp_fed": ["GRP-FED 0.", "q-FFL 0.", "Method Global Test Local Test Personalization FedAvg"],
     "fedcosr": ["FedProto\t", "Averaged\t83.83", "mean accuracy of 90.08%"],
     "calibre": ["plus-or-minus"],
     "fedgcr": ["| FedGCR", "| T' = 6"],

@@ -7,6 +7,8 @@
 * mean_variance Calibre Fig. 3/4: mean client accuracy against its variance over clients
 * metric_bars  FedGCR Tables 1-2 as bars (σ_type, σ_client): ours with 95 % intervals, the paper's
                values as black ticks
+* client_cases GRP-FED Fig. 5: single clients' metrics per method, one panel per client the paper
+               shows; ours from the client picked by the figure's rule, the paper's as black ticks
 
 Headless and deterministic, like report/plots.py.
 """
@@ -45,7 +47,7 @@ def _panels(table: Table, targets: dict[tuple, Target]) -> list[tuple[str, str, 
     """(title, dataset, partition) per mapped (dataset, setting), layout order."""
     out = []
     for key, t in targets.items():
-        name = f"{table.paper.name('dataset', key[1])} / {table.paper.name('setting', key[2])}"
+        name = f"{table.name('dataset', key[1])} / {table.name('setting', key[2])}"
         if t.stand_in:
             name += f"\n(ours: {t.dataset}/{t.partition})"
         out.append((name, t.dataset, t.partition))
@@ -172,8 +174,8 @@ def plot_pg_tradeoff(fp: FigurePlan, res: TableResult, out: str | Path) -> None:
                             fmt="o", color=colors[name], label=name, capsize=2)
             if cx.paper is not None and cy.paper is not None:
                 ax.plot(cx.paper, cy.paper, marker="o", mfc="none", color=colors[name], ls="none")
-        ax.set(title=f"{t.paper.name('dataset', ds)} / {t.paper.name('setting', st)}",
-               xlabel=t.paper.metrics[x].name, ylabel=t.paper.metrics[y].name, xlim=(0, scale), ylim=(0, scale))
+        ax.set(title=f"{t.name('dataset', ds)} / {t.name('setting', st)}",
+               xlabel=t.name('metric', x), ylabel=t.name('metric', y), xlim=(0, scale), ylim=(0, scale))
         ax.grid(alpha=0.3)
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize="small")
@@ -198,18 +200,79 @@ def plot_metric_bars(fp: FigurePlan, res: TableResult, out: str | Path) -> None:
             cs = [by_row.get(_rk(r), {}).get(mt) for r in rows]
             means = [c.stats.mean if c is not None and c.has_value else np.nan for c in cs]
             err = [c.stats.half_width if c is not None and c.stats.n >= 2 else 0.0 for c in cs]
-            ax.bar(xs, means, width, yerr=err, color=colors[mt], capsize=2, label=f"{t.paper.metrics[mt].name} (ours)")
+            ax.bar(xs, means, width, yerr=err, color=colors[mt], capsize=2, label=f"{t.name('metric', mt)} (ours)")
             papers = [c.paper if c is not None and c.paper is not None else np.nan for c in cs]
             ax.scatter(xs, papers, marker="_", s=200, color="black", zorder=3,
                        label="the paper" if j == 0 else None)
         ax.set_xticks(x, [t.row_name(r) for r in rows], rotation=30, ha="right")
-        ax.set(title=f"{t.paper.name('dataset', ds)} / {t.paper.name('setting', st)}")
+        ax.set(title=f"{t.name('dataset', ds)} / {t.name('setting', st)}")
         ax.grid(axis="y", alpha=0.3)
         ax.legend(fontsize="small")
     if not panels:
         _no_data(axes[0], "no runs")
     _title(fig, fp, "bars: ours, mean over seeds with the 95 % interval; black: the paper")
     _save(fig, out)
+
+
+PICKS = {"highest": np.nanargmax, "lowest": np.nanargmin}
+
+
+def _client_values(cells: list[dict], t: Target) -> np.ndarray:
+    """Per-client values of a target (the metric family of its summary column), mean over seeds."""
+    family = "f1" if t.column.startswith("f1") else "acc"
+    mine = [c for c in cells if is_ok(c) and (cell_ident(c)["dataset"], cell_ident(c)["partition"],
+                                              cell_ident(c)["label"]) == (t.dataset, t.partition, t.label)]
+    kind = next((k for k in t.kinds if any(((c.get("final") or {}).get(k) or {}).get(family) for c in mine)), None)
+    if kind is None:
+        return np.array([])
+    per_seed = [[np.nan if v is None else float(v) for v in c["final"][kind][family]] for c in mine]
+    n = max(len(s) for s in per_seed)
+    return np.nanmean(np.array([s + [np.nan] * (n - len(s)) for s in per_seed]), axis=0)
+
+
+def plot_client_cases(fp: FigurePlan, cells: list[dict], out: str | Path) -> dict[str, int]:
+    """GRP-FED Fig. 5: per panel (one of the paper's clients), grouped bars of the metrics per method.
+    Returns the client picked per panel (the figure's `pick` rule on its first metric)."""
+    t = fp.table
+    pick = fp.figure.get("pick") or {}
+    settings = list(dict.fromkeys(c.key["setting"] for c in t.columns))
+    metrics = list(dict.fromkeys(c.key["metric"] for c in t.columns))
+    rows = [r for r in t.rows if not r.derived]
+    colors = _colors(metrics)
+    fig, axes = _grid(len(settings), width=max(5.0, 0.8 * len(rows) * len(metrics) / 2))
+    picked: dict[str, int] = {}
+    for ax, setting in zip(axes, settings):
+        keys = [t.key(r, col) for r in rows for col in t.columns if col.key["setting"] == setting]
+        values = {k: _client_values(cells, fp.targets[k]) for k in keys if k in fp.targets}
+        # the client: by the first metric (Global Test) over the mapped methods, as the figure's rule says
+        first = [v for k, v in values.items() if k[3] == metrics[0] and len(v)]
+        client = None
+        if first and setting in pick:
+            n = min(len(v) for v in first)
+            client = int(PICKS[pick[setting]](np.nanmean([v[:n] for v in first], axis=0)))
+            picked[setting] = client
+        x = np.arange(len(rows))
+        width = 0.8 / len(metrics)
+        for j, mt in enumerate(metrics):
+            xs = x + (j - (len(metrics) - 1) / 2) * width
+            ks = [t.key(r, col) for r in rows for col in t.columns if col.key == {**col.key, "setting": setting, "metric": mt}]
+            ours = [values[k][client] if client is not None and k in values and len(values[k]) > client else np.nan for k in ks]
+            scale = t.paper.metrics[mt].scale
+            ax.bar(xs, np.asarray(ours) * scale, width, color=colors[mt], label=f"{t.name('metric', mt)} (ours)")
+            paper = [t.cells[k].value if k in t.cells and t.cells[k].value is not None else np.nan for k in ks]
+            ax.scatter(xs, paper, marker="_", s=200, color="black", zorder=3, label="the paper" if j == 0 else None)
+        ax.set_xticks(x, [t.row_name(r) for r in rows], rotation=30, ha="right")
+        ax.set(title=t.name("setting", setting), ylim=(0, 1.05 * t.paper.metrics[metrics[0]].scale))
+        ax.grid(axis="y", alpha=0.3)
+        if client is None:
+            _no_data(ax, "no runs: the paper's values only")
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="outside lower center", ncols=len(labels), frameon=False, fontsize="small")
+    which = "; ".join(f"{t.name('setting', st)}: our client {i} ({pick[st]} {t.name('metric', metrics[0])})"
+                      for st, i in picked.items())
+    _title(fig, fp, "bars: ours, one client, mean over seeds; black: the paper" + (f". {which}" if which else ""))
+    _save(fig, out)
+    return picked
 
 
 def plot_mean_variance(fp: FigurePlan, cells: list[dict], out: str | Path) -> None:
@@ -251,4 +314,5 @@ def draw_figure(plan: PaperPlan, figure_id: str, cells: list[dict], out: str | P
         res = build_table(fp.table, summary_frame(cells), tp, plan.reduced, plan.seeds)
         (plot_pg_tradeoff if kind == "pg_tradeoff" else plot_metric_bars)(fp, res, out)
     else:
-        {"curves": plot_curves, "client_bars": plot_client_bars, "mean_variance": plot_mean_variance}[kind](fp, cells, out)
+        {"curves": plot_curves, "client_bars": plot_client_bars, "mean_variance": plot_mean_variance,
+         "client_cases": plot_client_cases}[kind](fp, cells, out)

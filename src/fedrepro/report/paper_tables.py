@@ -22,10 +22,11 @@ from fedrepro.report.tables import latex_escape, untrained_note
 
 MARK = "◇"  # Markdown/HTML; LaTeX: $\diamond$
 TEX_MARK = r"$^{\diamond}$"
-_TEX_UNICODE = {"◇": r"$\diamond$", "Δ": r"$\Delta$", "−": "$-$", "←": r"$\leftarrow$", "β": r"$\beta$", "τ": r"$\tau$",
+OURS_BEST = "△"  # our best under the paper's rule (the paper's own marks are bold / *, †, ‡ on its values)
+_TEX_UNICODE = {"◇": r"$\diamond$", "△": r"$\triangle$", "Δ": r"$\Delta$", "−": "$-$", "←": r"$\leftarrow$", "β": r"$\beta$", "τ": r"$\tau$",
                 "σ": r"$\sigma$", "λ": r"$\lambda$", "✓": r"$\surd$", "✗": r"$\times$", "↑": r"$\uparrow$",
                 "↓": r"$\downarrow$", "†": r"$\dagger$", "‡": r"$\ddagger$", "·": r"$\cdot$", "–": "--"}
-_TEX_RANK = {"*": "*", "†": r"\dagger", "‡": r"\ddagger"}
+_TEX_RANK = {"*": "*", "†": r"\dagger", "‡": r"\ddagger", "△": r"\triangle "}
 
 
 def tex(text: object) -> str:
@@ -41,6 +42,7 @@ NOT_RUN = "not run"  # the experiment does not map this cell (a reduced config, 
 MISSING = "missing"  # mapped, but no metrics.json was given for it
 FAILED = "failed"  # every seed failed
 NO_KIND = "no such model"  # the runs succeeded but do not hold the kind asked for
+PER_CLIENT = "in the figure"  # a table of single clients' values: ours only in its figure analogue
 
 
 @dataclass
@@ -57,11 +59,11 @@ class CellResult:
     paper: float | None = None
     paper_pm: float | None = None
     paper_note: str = ""
+    paper_mark: str | None = None  # the paper's own mark (bold, *, †, ‡), as recorded in the published file
     in_paper: bool = False  # the paper has the cell (value or "–")
     diff: float = math.nan
     dev: Deviation = field(default_factory=lambda: Deviation("none", math.nan, None, ""))
-    rank_ours: int = 0  # 1 = best (bold), 2, 3 (rank rule)
-    rank_paper: int = 0
+    rank_ours: int = 0  # 1 = best, 2, 3 (rank rule): our values under the paper's rule
 
     @property
     def has_value(self) -> bool:
@@ -128,8 +130,10 @@ def build_table(table: Table, frame: pd.DataFrame, plan: TablePlan | None = None
             pc = table.cells.get(key)
             c = CellResult(row, col, key, targets.get(key), NOT_RUN if not row.derived else "derived")
             if pc is not None:
-                c.in_paper, c.paper, c.paper_pm, c.paper_note = True, pc.value, pc.pm, pc.note
-            if c.target is not None:
+                c.in_paper, c.paper, c.paper_pm, c.paper_note, c.paper_mark = True, pc.value, pc.pm, pc.note, pc.mark
+            if c.target is not None and table.per_client:
+                c.status = PER_CLIENT
+            elif c.target is not None:
                 c.status, c.kind, raw, c.n_failed = _per_seed(frame, c.target)
                 c.values = {s: v * metric.scale for s, v in raw.items()}
                 c.stats = seed_stats(c.values.values())
@@ -157,7 +161,7 @@ def build_table(table: Table, frame: pd.DataFrame, plan: TablePlan | None = None
 
 
 def _rank(table: Table, cells: dict[tuple, CellResult]) -> None:
-    """Apply the paper's bolding rule to our means and to the paper's values (rank 1 = bold)."""
+    """Apply the paper's bolding rule to our means (the paper's own marks are data: PaperCell.mark)."""
     rule = table.bold.get("rule", "none")
     if rule == "none":
         return
@@ -172,19 +176,16 @@ def _rank(table: Table, cells: dict[tuple, CellResult]) -> None:
             (c.row.section,) if within == "section" else ())
         groups.setdefault(gkey, []).append(c)
     for group in groups.values():
-        for attr, get in (("rank_ours", lambda c: c.stats.mean if c.has_value else None),
-                          ("rank_paper", lambda c: c.paper)):
-            vals = []
-            for c in group:
-                v = get(c)
-                if v is not None and np.isfinite(v):
-                    m = table.metric(c.key)
-                    vals.append((round(v if m.better == "higher" else -v, m.decimals), c))
-            distinct = sorted({v for v, _ in vals}, reverse=True)
-            for v, c in vals:
-                r = distinct.index(v) + 1
-                if r <= top:
-                    setattr(c, attr, r)
+        vals = []
+        for c in group:
+            if c.has_value:
+                m = table.metric(c.key)
+                vals.append((round(c.stats.mean if m.better == "higher" else -c.stats.mean, m.decimals), c))
+        distinct = sorted({v for v, _ in vals}, reverse=True)
+        for v, c in vals:
+            r = distinct.index(v) + 1
+            if r <= top:
+                c.rank_ours = r
 
 
 def _tests(table: Table, cells: dict[tuple, CellResult]) -> list[TestResult]:
@@ -208,11 +209,24 @@ def _tests(table: Table, cells: dict[tuple, CellResult]) -> list[TestResult]:
 
 
 def _num(v: float, d: int) -> str:
-    return DASH if v is None or not np.isfinite(v) else f"{v:.{d}f}"
+    if v is None or not np.isfinite(v):
+        return DASH
+    return f"{round(v, d) + 0.0:.{d}f}"  # + 0.0: a value that rounds to zero prints without a sign
 
 
 def _signed(v: float, d: int) -> str:
-    return DASH if not np.isfinite(v) else f"{v:+.{d}f}".replace("-", "−")
+    if not np.isfinite(v):
+        return DASH
+    r = round(v, d) + 0.0
+    return f"{r:+.{d}f}".replace("-", "−") if r else f"{0:.{d}f}"
+
+
+def paired_text(r: PairedTest, d: int) -> str:
+    """One paired test as a cell: mean difference, test, p and the n it used; degenerate: why there is no p."""
+    if r.test == "none":
+        return f"n/a: {r.note} (n={r.n})" if r.n >= 2 else f"n/a ({r.note})"
+    short = "W" if r.test.startswith("Wilcoxon") else "t"
+    return f"{_signed(r.mean_diff, d)}, {short}, {_fmt_p(r.p)} (n={r.n}{'; ' + r.note if r.note else ''})"
 
 
 def _fmt_p(p: float) -> str:
@@ -221,8 +235,8 @@ def _fmt_p(p: float) -> str:
     return "p < 0.001" if p < 0.001 else f"p = {p:.3f}"
 
 
-def ours_text(res: TableResult, c: CellResult, rank_marks: bool = True) -> tuple[str, str]:
-    """(number part, trailing note) of our side of a cell; the number part is what gets bolded."""
+def ours_text(res: TableResult, c: CellResult) -> tuple[str, str]:
+    """(number part, trailing note) of our side of a cell; the best-mark goes between them."""
     d = res.table.metric(c.key).decimals
     if c.row.derived:
         return (_num(c.stats.mean, d), "") if c.has_value else (DASH, "")
@@ -239,13 +253,37 @@ def ours_text(res: TableResult, c: CellResult, rank_marks: bool = True) -> tuple
     return main, spread + (f" ({', '.join(extra)})" if extra else "")
 
 
-def paper_text(res: TableResult, c: CellResult) -> str:
+def ours_mark(res: TableResult, c: CellResult) -> str:
+    """△ on our best under the paper's rule (△1, △2, △3 under a rank rule); never the paper's own marks."""
+    if c.rank_ours == 0:
+        return ""
+    return OURS_BEST if res.table.bold.get("rule") == "best" else f"{OURS_BEST}{c.rank_ours}"
+
+
+def paper_parts(res: TableResult, c: CellResult) -> tuple[str, bool, str, str]:
+    """(value, bold as printed, the paper's rank mark, trailing ±) of the paper's side of a cell.
+
+    A ± that is not a spread over runs (Calibre: over clients) carries its kind, so that it is
+    never read as the same kind of spread as ours beside it."""
     d = res.table.metric(c.key).decimals
     if not c.in_paper:
-        return DASH
+        return DASH, False, "", ""
     if c.paper is None:
-        return "n/a"
-    return _num(c.paper, d) + (f" ± {_num(c.paper_pm, d)}" if c.paper_pm is not None else "")
+        return "n/a", False, "", ""
+    pm = ""
+    if c.paper_pm is not None:
+        kind = (res.table.pm or {}).get("kind")
+        pm = f" ± {_num(c.paper_pm, d)}" + (f" ({PM_LABEL[kind]})" if kind in PM_LABEL else "")
+    mark = c.paper_mark if c.paper_mark not in (None, "bold") else ""
+    return _num(c.paper, d), c.paper_mark == "bold", mark, pm
+
+
+PM_LABEL = {"client_std": "clients"}  # the ± kinds that differ from ours (std over seeds)
+
+
+def paper_text(res: TableResult, c: CellResult) -> str:
+    value, _, mark, pm = paper_parts(res, c)
+    return value + mark + pm
 
 
 def diff_text(res: TableResult, c: CellResult, mark: str = MARK) -> str:
@@ -255,25 +293,34 @@ def diff_text(res: TableResult, c: CellResult, mark: str = MARK) -> str:
     return _signed(c.diff, d) + (f" {mark}" if c.dev.beyond else "")
 
 
-def _rank_mark(res: TableResult, rank: int) -> str:
-    if res.table.bold.get("rule") != "rank" or rank == 0:
-        return ""
-    marks = res.table.bold.get("marks") or ["*", "†", "‡"]
-    return marks[rank - 1]
+def _rule_text(t: Table) -> str:
+    rule = t.bold.get("rule")
+    what = {"best": f"{OURS_BEST}: our best", "rank": f"{OURS_BEST}1, {OURS_BEST}2, {OURS_BEST}3: our 1st, 2nd, 3rd best"}[rule]
+    scope = {"table": "in the table", "section": "per column within each section", "column": "per column"}[t.bold.get("within", "column")]
+    only = f" (metrics {', '.join(t.name('metric', m) for m in t.bold['metrics'])} only)" if t.bold.get("metrics") else ""
+    return f"{what} {scope}{only}, by the paper's rule{' (' + t.bold['note'] + ')' if t.bold.get('note') else ''}"
 
 
 def notes(res: TableResult) -> list[str]:
-    """The footnotes every rendering carries."""
+    """The footnotes every rendering carries: how to read a cell, and every assumption behind a mark."""
     t = res.table
     n = len(res.seeds)
+    pm = t.pm or {}
     out = []
     counts = sorted({c.stats.n for c in res.cells.values() if c.status == "ok" and not c.row.derived})
     seeds = f"{n} seed(s) per cell ({', '.join(map(str, res.seeds))})" if n else "seeds as run"
     out.append(f"Seeds: {seeds}; successful seeds per cell: {', '.join(map(str, counts)) or 'none'}"
                f"{' (a cell with fewer shows its n)' if len(counts) > 1 or (counts and n and counts[0] < n) else ''}.")
-    out.append(f"Each cell: ours = mean ± std over seeds (sample std, ddof = 1) / the paper's value"
-               f"{' ± its ' + t.pm['kind'].replace('_', ' ') if t.pm else ''} / Δ = ours − paper. "
-               f"95 % confidence intervals (Student t over seeds) are in the CSV.")
+    paper_pm = ""
+    if pm.get("kind") == "seed_std":
+        paper_pm = f" ± its std over {pm.get('runs')} runs" + (" (assumed, see below)" if pm.get("assumed") else "")
+    elif pm.get("kind") == "client_std":
+        paper_pm = " ± its spread over clients, marked '(clients)': a different kind of spread from ours"
+    out.append(f"Each cell: ours = mean ± std over seeds (sample std, ddof = 1) / the paper's value{paper_pm} / "
+               f"Δ = ours − paper. 95 % confidence intervals (Student t over seeds) are in the CSV.")
+    if t.per_client:
+        out.append("The paper's values here are single clients' (a figure of the paper); ours are drawn in the figure "
+                   "analogue, not averaged over clients into this table.")
     if res.reduced:
         out.append("Reduced configuration: the runs stand in for the paper's setting (datasets below); the paper's values "
                    "are shown for reference only, so no difference is computed or judged.")
@@ -281,25 +328,28 @@ def notes(res: TableResult) -> list[str]:
         out.append(f"One seed: there is no spread over seeds, so no difference is judged ({MARK} never shown) and no paired "
                    "test is run.")
     else:
-        pm = t.pm or {}
         paper_side = (f"Welch's test with the paper's ± as the std of its {pm.get('runs')} runs"
                       if pm.get("kind") == "seed_std" and pm.get("runs") else "a one-sample t-test, i.e. the paper's value "
                       "lies outside our 95 % interval")
-        out.append(f"{MARK}: Δ beyond what the seed spread explains: {paper_side}, two-sided, p < {ALPHA}."
+        out.append(f"{MARK}: Δ beyond what the seed spread explains: {paper_side}, two-sided, p < {ALPHA}; "
+                   f"no {MARK} and no p where every seed has the same value (the test is undefined)."
                    + (" The paper's ± is a spread over clients and is not used." if pm.get("kind") == "client_std" else ""))
-    rule = t.bold.get("rule")
-    if rule != "none":
-        what = {"best": "bold: best", "rank": f"{', '.join(t.bold.get('marks') or ['*', '†', '‡'])}: 1st, 2nd, 3rd best"}[rule]
-        scope = {"table": "in the table", "section": "per column within each section", "column": "per column"}[t.bold.get("within", "column")]
-        only = f" (metrics {', '.join(t.paper.metrics[m].name for m in t.bold['metrics'])} only)" if t.bold.get("metrics") else ""
-        out.append(f"Paper's rule, applied to ours and to the paper's values: {what} {scope}{only}"
-                   f"{'; ' + t.bold['note'] if t.bold.get('note') else ''}.")
+    if pm.get("assumed"):
+        out.append(f"Assumed: the paper's ± is the std over {pm.get('runs')} runs ({pm['assumed']}); every {MARK} of this "
+                   "table rests on it.")
+    if t.marks:
+        out.append(f"The paper's values carry the paper's own marks (bold, or {', '.join(t.bold.get('marks') or ['*', '†', '‡'])}), "
+                   f"as printed; source: {t.marks['source']}{' (' + t.marks['note'] + ')' if t.marks.get('note') else ''}.")
+    else:
+        out.append("The paper's marks (bold and the like) are not recorded for this table, so its values are shown plain.")
+    if t.bold.get("rule") != "none":
+        out.append(_rule_text(t) + ".")
     if t.measure:
         out.append(f"Paper's measure: {t.measure}.")
     used = sorted({(c.target.column, c.kind) for c in res.cells.values() if c.target is not None and c.kind})
     if used:
         out.append("Ours: " + "; ".join(f"summary column {col} of model kind '{kind}'" for col, kind in used) + ".")
-    stand = sorted({(t.paper.name("dataset", c.key[1]), c.target.dataset, c.target.partition, t.paper.name("setting", c.key[2]))
+    stand = sorted({(t.name("dataset", c.key[1]), c.target.dataset, c.target.partition, t.name("setting", c.key[2]))
                     for c in res.cells.values() if c.target is not None and c.target.stand_in})
     if stand:
         out.append("Stand-ins: " + "; ".join(f"{pd_} {ps} ← our {ds}/{part}" for pd_, ds, part, ps in stand) + ".")
@@ -310,9 +360,10 @@ def notes(res: TableResult) -> list[str]:
             out.append(f"{t.row_name(c.row)}, {_col_name(t, c.col)}: {c.paper_note}.")
     if res.tests:
         used_tests = sorted({tr.result.test for tr in res.tests if tr.result.test != "none"})
-        out.append(f"Paired tests ({', '.join(used_tests) or 'none possible'}): {', '.join(t.paper.name('method', m) for m in t.proposed)} "
+        out.append(f"Paired tests ({', '.join(used_tests) or 'none possible'}): {', '.join(t.name('method', m) for m in t.proposed)} "
                    f"against each baseline, same column, paired by seed; Wilcoxon signed-rank from {WILCOXON_MIN_SEEDS} "
-                   f"common seeds on, paired t-test below; two-sided, no correction for multiple tests.")
+                   f"common seeds on (its n: the non-zero differences it ranks), paired t-test below; two-sided, no "
+                   f"correction for multiple tests; no p where every difference is the same (the tests are undefined).")
     note = untrained_note(res.frame) if len(res.frame) else ""
     if note:
         out.append(note)
@@ -322,7 +373,7 @@ def notes(res: TableResult) -> list[str]:
 
 
 def _col_name(t: Table, col: Column) -> str:
-    return " / ".join(t.paper.name(d, v) for d, v in col.header) or t.paper.name("metric", col.key.get("metric", ""))
+    return " / ".join(t.name(d, v) for d, v in col.header) or t.name("metric", col.key.get("metric", ""))
 
 
 def title(res: TableResult) -> str:
@@ -346,10 +397,9 @@ def to_markdown(res: TableResult) -> str:
         for col in t.columns:
             c = res.cell(row, col)
             main, rest = ours_text(res, c)
-            if main and c.rank_ours == 1:
-                main = f"**{main}**"
-            ours = main + _rank_mark(res, c.rank_ours).replace("*", "\\*") + rest
-            cells.append(f"{ours} / {paper_text(res, c)} / {diff_text(res, c)}")
+            value, bold, mark, pm = paper_parts(res, c)
+            paper = (f"**{value}**" if bold else value) + mark.replace("*", "\\*") + pm
+            cells.append(f"{main}{ours_mark(res, c)}{rest} / {paper} / {diff_text(res, c)}")
         lines.append("| " + " | ".join(map(esc, [t.row_name(row), *cells])) + " |")
     text = "\n".join(lines) + "\n\n" + "\n".join(f"- {n}" for n in notes(res)) + "\n"
     if res.tests:
@@ -357,31 +407,45 @@ def to_markdown(res: TableResult) -> str:
     return text
 
 
-def tests_markdown(res: TableResult) -> str:
+def _tests_grid(res: TableResult) -> tuple[list[str], list[tuple[str, list[str]]]]:
+    """The paired tests as (column names, [(row name, cells)]): one row per proposed-baseline pair."""
     t = res.table
     cols = list(dict.fromkeys(tr.col_key for tr in res.tests))
     pairs = list(dict.fromkeys((tr.proposed_key[0], tr.baseline_key[0]) for tr in res.tests))
     by = {(tr.proposed_key[0], tr.baseline_key[0], tr.col_key): tr for tr in res.tests}
-    name = lambda k: " / ".join(t.paper.name(d, v) for d, v in zip(DIMS[1:], k) if len({c[DIMS[1:].index(d)] for c in cols}) > 1) or t.paper.name("metric", k[2])  # noqa: E731
-    lines = [f"Paired tests: proposed − baseline over common seeds, mean difference (in the paper's unit), test, p.", "",
-             "| Proposed vs baseline | " + " | ".join(name(k) for k in cols) + " |",
-             "|:---|" + "---:|" * len(cols)]
+    varying = [i for i in range(3) if len({k[i] for k in cols}) > 1]
+    names = [" / ".join(t.name(DIMS[1 + i], k[i]) for i in varying) or t.name("metric", k[2]) for k in cols]
+    rows = []
     for p, b in pairs:
-        cells = []
-        for k in cols:
-            tr = by.get((p, b, k))
-            if tr is None:
-                cells.append(DASH)
-                continue
-            r = tr.result
-            d = t.paper.metrics[k[2]].decimals
-            if r.test == "none":
-                cells.append(f"n/a ({r.note})")
-            else:
-                short = "W" if r.test.startswith("Wilcoxon") else "t"
-                cells.append(f"{_signed(r.mean_diff, d)}, {short}, {_fmt_p(r.p)} (n={r.n})")
-        lines.append(f"| {t.paper.name('method', p)} vs {t.paper.name('method', b)} | " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n\nt: paired t-test; W: Wilcoxon signed-rank (exact); two-sided.\n"
+        cells = [DASH if (p, b, k) not in by else paired_text(by[(p, b, k)].result, t.paper.metrics[k[2]].decimals)
+                 for k in cols]
+        rows.append((f"{t.name('method', p)} vs {t.name('method', b)}", cells))
+    return names, rows
+
+
+TESTS_TITLE = "Paired tests: proposed − baseline over common seeds, mean difference (in the paper's unit), test, p, n used."
+TESTS_KEY = ("t: paired t-test; W: Wilcoxon signed-rank (exact where possible; n counts the non-zero differences it "
+             "ranks); two-sided; n/a: the test is undefined (every difference the same) or fewer than 2 common seeds.")
+
+
+def tests_markdown(res: TableResult) -> str:
+    names, rows = _tests_grid(res)
+    lines = [TESTS_TITLE, "", "| Proposed vs baseline | " + " | ".join(names) + " |", "|:---|" + "---:|" * len(names)]
+    lines += [f"| {name} | " + " | ".join(cells) + " |" for name, cells in rows]
+    return "\n".join(lines) + f"\n\n{TESTS_KEY}\n"
+
+
+def tests_latex(res: TableResult, label: str = "") -> str:
+    """The paired tests as a second booktabs table (the same numbers as the Markdown, HTML and CSV)."""
+    names, rows = _tests_grid(res)
+    lines = [r"\begin{table}[t]", r"\centering", rf"\caption{{{tex(res.table.paper.short + ' ' + res.table.title + ': ' + TESTS_TITLE)}}}"]
+    if label:
+        lines.append(rf"\label{{tab:{label}_tests}}")
+    lines += [r"\resizebox{\linewidth}{!}{%", r"\begin{tabular}{l" + "r" * len(names) + "}", r"\toprule",
+              " & ".join(["Proposed vs baseline", *map(tex, names)]) + r" \\", r"\midrule"]
+    lines += [" & ".join([tex(name), *map(tex, cells)]) + r" \\" for name, cells in rows]
+    lines += [r"\bottomrule", r"\end{tabular}}", r"\par\smallskip{\footnotesize " + tex(TESTS_KEY) + "}", r"\end{table}"]
+    return "\n".join(lines) + "\n"
 
 
 def _header_spans(t: Table, level: int) -> list[tuple[str, int]]:
@@ -392,12 +456,19 @@ def _header_spans(t: Table, level: int) -> list[tuple[str, int]]:
         if spans and spans[-1][0] == prefix:
             spans[-1] = (prefix, spans[-1][1], spans[-1][2] + 1)
         else:
-            spans.append((prefix, t.paper.name(*col.header[level]), 1))
+            spans.append((prefix, t.name(*col.header[level]), 1))
     return [(n, w) for _, n, w in spans]
 
 
+def _tex_sup(mark: str) -> str:
+    """A mark (*, †, ‡ or △, △1 ...) as a LaTeX superscript."""
+    body = "".join(_TEX_RANK.get(ch, ch) for ch in mark)
+    return f"$^{{{body}}}$" if mark else ""
+
+
 def to_latex(res: TableResult, label: str = "") -> str:
-    """booktabs, three sub-columns (ours | paper | Δ) per paper column; needs booktabs and graphicx."""
+    """booktabs, three sub-columns (ours | paper | Δ) per paper column, then the paired tests;
+    needs booktabs and graphicx."""
     t = res.table
     n = len(t.columns)
     levels = len(t.columns[0].header)
@@ -429,21 +500,19 @@ def to_latex(res: TableResult, label: str = "") -> str:
         for col in t.columns:
             c = res.cell(row, col)
             main, rest = ours_text(res, c)
-            main = tex(main)
-            if main and c.rank_ours == 1:
-                main = rf"\textbf{{{main}}}"
-            mark = _rank_mark(res, c.rank_ours)
-            ours = main + (rf"$^{{{_TEX_RANK.get(mark, mark)}}}$" if mark else "") + tex(rest)
-            paper = tex(paper_text(res, c))
-            if c.rank_paper == 1 and c.paper is not None:
-                paper = rf"\textbf{{{paper}}}"
+            ours = tex(main) + _tex_sup(ours_mark(res, c)) + tex(rest)
+            value, bold, mark, pm = paper_parts(res, c)
+            paper = (rf"\textbf{{{tex(value)}}}" if bold else tex(value)) + _tex_sup(mark) + tex(pm)
             diff = tex(diff_text(res, c, mark="").strip()) + (TEX_MARK if c.dev.beyond and not res.reduced else "")
             out += [ours, paper, diff]
         lines.append(" & ".join(out) + r" \\")
     lines += [r"\bottomrule", r"\end{tabular}}"]
     lines.append(r"\par\smallskip{\footnotesize " + " ".join(tex(x) for x in notes(res)) + "}")
     lines.append(r"\end{table}")
-    return "\n".join(lines) + "\n"
+    text = "\n".join(lines) + "\n"
+    if res.tests:
+        text += "\n" + tests_latex(res, label)
+    return text
 
 
 def to_html(res: TableResult) -> str:
@@ -472,14 +541,12 @@ def to_html(res: TableResult) -> str:
         for col in t.columns:
             c = res.cell(row, col)
             main, rest = ours_text(res, c)
-            main = e(main)
-            if main and c.rank_ours == 1:
-                main = f"<b>{main}</b>"
-            mark = _rank_mark(res, c.rank_ours)
+            mark = ours_mark(res, c)
             cls = "" if c.status in ("ok", "derived") else " class='na'"
-            tds.append(f"<td{cls}>{main}{f'<sup>{e(mark)}</sup>' if mark else ''}{e(rest)}</td>")
-            paper = e(paper_text(res, c))
-            tds.append(f"<td class='p'>{f'<b>{paper}</b>' if c.rank_paper == 1 and c.paper is not None else paper}</td>")
+            tds.append(f"<td{cls}>{e(main)}{f'<sup>{e(mark)}</sup>' if mark else ''}{e(rest)}</td>")
+            value, bold, pmark, pm = paper_parts(res, c)
+            paper = (f"<b>{e(value)}</b>" if bold else e(value)) + (f"<sup>{e(pmark)}</sup>" if pmark else "") + e(pm)
+            tds.append(f"<td class='p'>{paper}</td>")
             diff = e(diff_text(res, c))
             tds.append(f"<td class='d'>{f'<span class=beyond>{diff}</span>' if c.dev.beyond and not res.reduced else diff}</td>")
         out.append("<tr>" + "".join(tds) + "</tr>")
@@ -492,10 +559,10 @@ def to_html(res: TableResult) -> str:
 
 CELL_COLUMNS = ["paper_id", "table", "section", "row", *DIMS, "unit", "label", "dataset_run", "partition", "kind",
                 "column", "status", "n_seeds", "n_failed", "seeds", "mean", "std", "ci95_low", "ci95_high", "paper",
-                "paper_pm", "paper_pm_kind", "diff", "beyond_spread", "deviation_test", "deviation_p", "rank_ours",
-                "rank_paper", "reduced", "note"]
+                "paper_pm", "paper_pm_kind", "paper_mark", "diff", "beyond_spread", "deviation_test", "deviation_p",
+                "rank_ours", "reduced", "note"]
 TEST_COLUMNS = ["paper_id", "table", "proposed", "baseline", "dataset", "setting", "metric", "n", "mean_diff", "test",
-                "statistic", "p"]
+                "statistic", "p", "note"]
 
 
 def cells_frame(res: TableResult) -> pd.DataFrame:
@@ -517,7 +584,7 @@ def cells_frame(res: TableResult) -> pd.DataFrame:
             "diff": c.diff if np.isfinite(c.diff) else None, "beyond_spread": c.dev.beyond,
             "deviation_test": None if c.dev.test == "none" else c.dev.test,
             "deviation_p": c.dev.p if np.isfinite(c.dev.p) else None,
-            "rank_ours": c.rank_ours or None, "rank_paper": c.rank_paper or None, "reduced": res.reduced,
+            "paper_mark": c.paper_mark, "rank_ours": c.rank_ours or None, "reduced": res.reduced,
             "note": c.paper_note or None,
         })
     return pd.DataFrame(rows, columns=CELL_COLUMNS)
@@ -529,7 +596,7 @@ def tests_frame(res: TableResult) -> pd.DataFrame:
              "dataset": tr.proposed_key[1], "setting": tr.proposed_key[2], "metric": tr.proposed_key[3], "n": tr.result.n,
              "mean_diff": tr.result.mean_diff if np.isfinite(tr.result.mean_diff) else None, "test": tr.result.test,
              "statistic": tr.result.statistic if np.isfinite(tr.result.statistic) else None,
-             "p": tr.result.p if np.isfinite(tr.result.p) else None} for tr in res.tests]
+             "p": tr.result.p if np.isfinite(tr.result.p) else None, "note": tr.result.note or None} for tr in res.tests]
     return pd.DataFrame(rows, columns=TEST_COLUMNS)
 
 

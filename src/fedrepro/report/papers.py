@@ -42,7 +42,7 @@ from fedrepro.registry import ConfigError
 DIMS = ("method", "dataset", "setting", "metric")
 BOLD_RULES = ("best", "rank", "none")
 PM_KINDS = ("seed_std", "client_std")
-PLOTS = ("curves", "client_bars", "pg_tradeoff", "mean_variance", "metric_bars")
+PLOTS = ("curves", "client_bars", "pg_tradeoff", "mean_variance", "metric_bars", "client_cases")
 DEFAULT_KINDS = ("personal", "global")
 PUBLISHED_DIR = Path("config") / "papers" / "published"
 
@@ -85,6 +85,7 @@ class PaperCell:
     pm: float | None = None
     note: str = ""
     ocr: str | None = None  # what the text reads where it is an OCR error
+    mark: str | None = None  # the paper's own mark on the value: "bold", or a rank mark (*, †, ‡)
 
 
 @dataclass
@@ -104,6 +105,13 @@ class Table:
     header: list[str]
     cells: dict[tuple, PaperCell]
     proposed: list[str]
+    marks: dict | None = None  # {source, note}: the paper's marks are recorded per cell; None: not recorded
+    names: dict = field(default_factory=dict)  # this table's own display names, {dim: {id: name}}
+    per_client: bool = False  # values of single clients (GRP-FED Fig. 5): ours only in the figure analogue
+
+    def name(self, dim: str, value: str) -> str:
+        """The table's own name for an id (FedGCR Table 5 prints σ_domain), else the paper's."""
+        return str(self.names.get(dim, {}).get(value) or self.paper.name(dim, value))
 
     def key(self, row: Row, col: Column) -> tuple:
         merged = {**row.key, **col.key}
@@ -113,7 +121,7 @@ class Table:
         return self.paper.metrics[key[3]]
 
     def row_name(self, row: Row) -> str:
-        return " · ".join(self.paper.name(d, v) for d, v in row.key.items())
+        return " · ".join(self.name(d, v) for d, v in row.key.items())
 
     @property
     def label(self) -> str:
@@ -232,10 +240,19 @@ def _load_table(paper: Paper, tid: str, t: Any, where: str) -> Table:
         raise ConfigError(f"{where}: bold.rule {bold.get('rule')!r}; allowed: {list(BOLD_RULES)}")
     pm = t.get("pm")
     if pm is not None and (not isinstance(pm, dict) or pm.get("kind") not in PM_KINDS):
-        raise ConfigError(f"{where}: pm must be null or {{kind: seed_std|client_std, runs, note}}")
+        raise ConfigError(f"{where}: pm must be null or {{kind: seed_std|client_std, runs, assumed, note}}")
+    marks = t.get("paper_marks")
+    if marks is not None and (not isinstance(marks, dict) or not marks.get("source")):
+        raise ConfigError(f"{where}: paper_marks must be null or {{source: where the paper's marks were read, note}}")
+    names = t.get("names") or {}
+    if not isinstance(names, dict) or set(names) - set(DIMS):
+        raise ConfigError(f"{where}: names must map dims {list(DIMS)} to {{id: name}}")
     table = Table(paper=paper, id=tid, title=str(t["title"]), caption=str(t["caption"]), page=t.get("page"),
                   location=str(t.get("location") or ""), measure=str(t.get("measure") or ""), note=str(t.get("note") or ""),
-                  pm=pm, bold=bold, rows=rows, columns=columns, header=header, cells={}, proposed=[])
+                  pm=pm, bold=bold, rows=rows, columns=columns, header=header, cells={}, proposed=[], marks=marks,
+                  names={d: {str(k): str(v) for k, v in m.items()} for d, m in names.items()},
+                  per_client=bool(t.get("per_client", False)))
+    allowed_marks = ["bold", *(bold.get("marks") or ["*", "†", "‡"])]
     layout = {table.key(r, c) for r in rows for c in columns}
     for i, c in enumerate(t.get("cells") or []):
         w = f"{where}: cells[{i}]"
@@ -250,8 +267,13 @@ def _load_table(paper: Paper, tid: str, t: Any, where: str) -> Table:
             v = c.get(k)
             if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)):
                 raise ConfigError(f"{w}: {k} {v!r} is not a number")
+        mark = c.get("mark")
+        if mark is not None and (mark not in allowed_marks or marks is None):
+            raise ConfigError(f"{w}: mark {mark!r}; allowed: {allowed_marks}, and only where the table has paper_marks "
+                              f"(their source)")
         table.cells[key] = PaperCell(None if c["value"] is None else float(c["value"]),
-                                     None if c.get("pm") is None else float(c["pm"]), str(c.get("note") or ""), c.get("ocr"))
+                                     None if c.get("pm") is None else float(c["pm"]), str(c.get("note") or ""), c.get("ocr"),
+                                     mark)
     row_methods = {r.key.get("method") for r in rows} | {c.key.get("method") for c in columns}
     proposed = t.get("proposed", paper.info.get("proposed") or [])
     table.proposed = [m for m in _as_list(proposed) if m in row_methods]

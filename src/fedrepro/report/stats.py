@@ -16,6 +16,9 @@ Rules (also printed under every paper table):
   Wilcoxon's signed-rank test (exact, two-sided) from 6 common seeds on, below that the
   paired t-test (two-sided); with fewer than 2 common seeds no test. With 5 or fewer pairs
   the signed-rank test cannot reach p < 0.05 (its smallest two-sided p is 2/2^n), hence 6.
+  The signed-rank test drops zero differences; its n is the pairs it ranks.
+* Degenerate cases get no p: every per-seed difference equal (the paired statistics divide by
+  a zero spread), identical values over seeds against the paper's number.
 """
 
 from __future__ import annotations
@@ -89,15 +92,15 @@ def deviation(ours: SeedStats, paper: float | None, paper_std: float | None = No
     if use_paper:
         var_p = paper_std**2 / paper_runs
         se = math.sqrt(var + var_p)
-        if se == 0:
-            return Deviation("Welch t", 0.0 if diff else 1.0, bool(diff), "no spread on either side")
+        if se == 0:  # the t statistic is undefined: no p, no mark
+            return Deviation("none", math.nan, None, "no spread on either side")
         # Welch-Satterthwaite degrees of freedom
         df = (var + var_p) ** 2 / ((var**2 / (ours.n - 1) if var else 0.0) + var_p**2 / (paper_runs - 1))
         p = float(2 * sps.t.sf(abs(diff) / se, df))
         return Deviation("Welch t", p, p < alpha)
     se = math.sqrt(var)
-    if se == 0:
-        return Deviation("one-sample t", 0.0 if diff else 1.0, bool(diff), "identical values over seeds")
+    if se == 0:  # the t statistic is undefined: no p, no mark
+        return Deviation("none", math.nan, None, "identical values over seeds: no spread to judge by")
     p = float(2 * sps.t.sf(abs(diff) / se, ours.n - 1))
     return Deviation("one-sample t", p, p < alpha)
 
@@ -124,12 +127,15 @@ def paired_test(proposed: Mapping[int, float], baseline: Mapping[int, float],
         return PairedTest("none", n, float(d.mean()) if n else math.nan, math.nan, math.nan,
                           f"{n} common seed(s): no test")
     mean_diff = float(d.mean())
-    if np.all(d == d[0]):  # no spread in the differences: the tests are degenerate
-        p = 1.0 if d[0] == 0 else (2.0 / 2**n if n >= wilcoxon_min else 0.0)
-        test = "Wilcoxon signed-rank" if n >= wilcoxon_min else "paired t"
-        return PairedTest(test, n, mean_diff, math.nan, p, "identical differences over seeds")
+    if np.all(d == d[0]):  # no spread in the differences: neither test is defined, so no p
+        what = "all differences zero" if d[0] == 0 else "all differences equal"
+        return PairedTest("none", n, mean_diff, math.nan, math.nan, what)
     if n >= wilcoxon_min:
-        res = sps.wilcoxon(d, alternative="two-sided", method="auto")
-        return PairedTest("Wilcoxon signed-rank", n, mean_diff, float(res.statistic), float(res.pvalue))
+        # the signed-rank test drops zero differences (zero_method="wilcox"): n is the pairs it ranks
+        nonzero = d[d != 0]
+        dropped = n - len(nonzero)
+        note = f"{dropped} zero difference(s) dropped" if dropped else ""
+        res = sps.wilcoxon(nonzero, alternative="two-sided", method="auto")
+        return PairedTest("Wilcoxon signed-rank", len(nonzero), mean_diff, float(res.statistic), float(res.pvalue), note)
     res = sps.ttest_rel([proposed[s] for s in seeds], [baseline[s] for s in seeds])
     return PairedTest("paired t", n, mean_diff, float(res.statistic), float(res.pvalue))
