@@ -331,6 +331,31 @@ def test_a_kill_9_leftover_is_cleaned_by_the_next_run_and_ignored_by_dvc(tmp_pat
     assert out.returncode == 1 and not out.stdout.strip(), out.stdout  # a partition and its files are versioned
 
 
+KILLED_WRITER = """
+import os, signal, sys
+from fedrepro.io import atomic_path
+cm = atomic_path(sys.argv[1])
+cm.__enter__().write_bytes(b"half a checkpoint")
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_a_killed_training_jobs_temporary_files_are_cleaned_by_the_next_run_of_the_cell(tiny_partition, make_cell, tmp_path):
+    """A train job killed while writing (a checkpoint, metrics.json) leaves a temporary file in the
+    cell's folders; the cell's next run removes it and writes its results."""
+    from fedrepro.engine.run import train_cell
+
+    out, ckpt = tmp_path / "runs" / "cell", tmp_path / "checkpoints" / "cell.pt"
+    for target in (out / "metrics.json", ckpt):
+        target.parent.mkdir(parents=True, exist_ok=True)
+        proc = subprocess.run([sys.executable, "-c", KILLED_WRITER, str(target)], env={**os.environ, "PYTHONPATH": str(REPO / "src")})
+        assert proc.returncode == -signal.SIGKILL
+        assert [p.name.startswith(TMP_PREFIX) for p in target.parent.iterdir()] == [True]
+    train_cell(make_cell("fedavg", rounds=1), tiny_partition[0], out, checkpoint=ckpt, progress=False)
+    assert sorted(p.name for p in out.iterdir()) == ["metrics.json", "provenance.json"]
+    assert list(ckpt.parent.iterdir()) == []
+
+
 def test_atomic_temporary_names_carry_the_prefix(tmp_path):
     with atomic_path(tmp_path / "f.json") as tmp:
         assert tmp.name.startswith(f"{TMP_PREFIX}.") and f".{os.getpid()}.f.json." in tmp.name

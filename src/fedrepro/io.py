@@ -37,7 +37,8 @@ def current_umask() -> int:
 
 # Every temporary name fedrepro creates starts with TMP_PREFIX, then the host and the pid of
 # its creator: a job killed with SIGKILL leaves such names behind, and `clean_stale` (run by
-# the next partition / download / extraction in that folder) removes those whose creator is
+# the next partition / download / extraction in that folder, and by a cell's next training job
+# in its run and checkpoint folders) removes those whose creator is
 # certainly dead; .dvcignore keeps DVC from versioning them meanwhile.
 TMP_PREFIX = ".fedrepro-tmp"
 _TMP_NAME = re.compile(rf"^{re.escape(TMP_PREFIX)}\.([A-Za-z0-9-]+)\.(\d+)\.")

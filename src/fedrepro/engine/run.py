@@ -11,8 +11,9 @@ import torch
 
 from ..custody import cell_identity
 from ..data.shards import load_partition, read_official_test
-from ..io import write_json_atomic
+from ..io import clean_stale, write_json_atomic
 from ..provenance import collect
+from ..registry import ConfigError
 from .data import load_clients, load_split
 from .engine import Engine, TrainingDiverged, metrics_cell
 
@@ -57,6 +58,8 @@ def train_cell(cell: dict, shards_dir: str | Path, out_dir: str | Path, checkpoi
     with the cell's identity (fedrepro.custody.cell_identity; `cell_key`: the hash of the cell as
     the workflow resolved it, where `cell` is a tuned one, else the hash of `cell`)."""
     out_dir = Path(out_dir)
+    for folder in {out_dir, *([Path(checkpoint).parent] if checkpoint else [])}:
+        clean_stale(folder)  # the temporary files of an earlier job of this cell killed with SIGKILL
     if threads:
         torch.set_num_threads(threads)
     determinism = set_determinism(cell["training"]["deterministic"])
@@ -65,12 +68,12 @@ def train_cell(cell: dict, shards_dir: str | Path, out_dir: str | Path, checkpoi
         torch.cuda.set_device(dev)  # "cuda" and the memory statistics then mean this GPU
     manifest, shards = load_partition(shards_dir)  # refuses shards whose sha256 differs
     if manifest["partition_id"] != cell["partition_id"]:
-        raise ValueError(f"{shards_dir}: partition {manifest['partition_id']} is not the cell's partition {cell['partition_id']}")
+        raise ConfigError(f"{shards_dir}: partition {manifest['partition_id']} is not the cell's partition {cell['partition_id']}")
     carve = (cell.get("validation") or {}).get("from_train")  # a tuning trial: validation carved from train
     clients = load_clients(manifest, shards, dev, val_from_train=carve, seed=int(cell["seed"]))
     official = read_official_test(shards_dir, manifest) if "official" in cell["training"]["global_test"] else None
     if "official" in cell["training"]["global_test"] and official is None:
-        raise ValueError(f"{shards_dir}: training.global_test asks for 'official' but the partition has no official test set "
+        raise ConfigError(f"{shards_dir}: training.global_test asks for 'official' but the partition has no official test set "
                          "(it pooled it into the clients' data, pool: true, or the dataset has none)")
     label = f"{cell['experiment']}/{cell['dataset']}/{cell['partition']}/{cell['label']}/seed{cell['seed']}"
     print(f"[fedrepro] training cell {label} on {dev} ({len(clients)} clients, {cell['training']['rounds']} rounds)", file=sys.stderr)
