@@ -244,6 +244,14 @@ def test_a_partition_with_allowed_empty_clients_trains_and_metrics_show_who_was_
     metrics = train_cell(exp["cells"][0], tmp_path / part["id"], tmp_path / "run", device="cpu", progress=False)
     assert metrics["status"] == "ok"
     assert [i for i, n in zip(metrics["clients"]["ids"], metrics["clients"]["test_size"]) if not n] == untestable
+    # the summary counts them and every table says how many were left out of the scores
+    from fedrepro.report.aggregate import summary_frame
+    from fedrepro.report.tables import write_tables
+
+    frame = summary_frame([metrics])
+    assert set(frame["unscored_clients"]) == {len(untestable)}
+    meta = json.loads(next(p for p in write_tables(frame, tmp_path / "tables") if p.name == "accuracy.meta.json").read_text())
+    assert f"left out of every score: digits/dir seed 0: {len(untestable)} of 60" in " ".join(meta["notes"])
 
 
 def test_fedrepro_partition_reports_empty_clients_in_one_line(tmp_path, capsys):

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from fedrepro.report.tables import DEFAULT_TABLES, caption, identical_note, max_seeds, pivot_table, untrained_note
+from fedrepro.report.tables import DEFAULT_TABLES, caption, client_notes, identical_note, max_seeds, pivot_table
 
 MAIN_TABLE = "accuracy"
 MAX_EMBEDDED_PLOTS = 6  # more panels: the first ones inline, all of them under "Learning curves"
@@ -28,7 +28,7 @@ _TOP_ALIGNED = "<style>div.grow.h-screen.overflow-auto{align-items:flex-start}</
 def main_table(frame: pd.DataFrame) -> tuple[str, pd.DataFrame, list[str]]:
     """(caption, table of "mean ± std" strings, notes) of the main table."""
     column = DEFAULT_TABLES[MAIN_TABLE]
-    notes = [n for n in (identical_note(frame), untrained_note(frame)) if n]
+    notes = [*filter(None, [identical_note(frame)]), *client_notes(frame)]
     return caption(column, max_seeds(frame)), pivot_table(frame, column), notes
 
 

@@ -18,7 +18,7 @@ from fedrepro.io import atomic_path, write_text_atomic
 from fedrepro.report.papers import DIMS, Column, PaperPlan, Row, Table, TablePlan, Target
 from fedrepro.report.stats import (ALPHA, LEVEL, WILCOXON_MIN_SEEDS, Deviation, PairedTest, SeedStats, deviation,
                                    paired_test, seed_stats)
-from fedrepro.report.tables import latex_escape, untrained_note
+from fedrepro.report.tables import client_notes, latex_escape
 
 MARK = "◇"  # Markdown/HTML; LaTeX: $\diamond$
 TEX_MARK = r"$^{\diamond}$"
@@ -364,7 +364,7 @@ def notes(res: TableResult) -> list[str]:
                    f"against each baseline, same column, paired by seed; Wilcoxon signed-rank from {WILCOXON_MIN_SEEDS} "
                    f"common seeds on (its n: the non-zero differences it ranks), paired t-test below; two-sided, no "
                    f"correction for multiple tests; no p where every difference is the same (the tests are undefined).")
-    note = untrained_note(res.frame) if len(res.frame) else ""
+    note = " ".join(client_notes(res.frame)) if len(res.frame) else ""
     if note:
         out.append(note)
     out.append(f"Source: {t.paper.info.get('source')}, {t.title}"

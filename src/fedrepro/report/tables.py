@@ -209,6 +209,23 @@ def untrained_note(frame: pd.DataFrame) -> str:
     return f"Clients that never trained, scored by evaluation.untrained = {rule}: {where}."
 
 
+def unscored_note(frame: pd.DataFrame) -> str:
+    """How many clients had no test data and were left out of the scores (partitions with
+    allow_empty_clients: true), per dataset/partition and seed; empty where every client was scored."""
+    ok = frame[(frame["status"] == "ok") & (frame["unscored_clients"] > 0)] if "unscored_clients" in frame else frame[:0]
+    if ok.empty:
+        return ""
+    counts = ok.groupby(["dataset", "partition", "seed"], sort=False)[["unscored_clients", "num_clients"]].max()
+    where = "; ".join(f"{ds}/{part} seed {seed}: {int(r.unscored_clients)} of {int(r.num_clients)}"
+                      for (ds, part, seed), r in counts.iterrows())
+    return f"Clients without test data (allow_empty_clients), left out of every score: {where}."
+
+
+def client_notes(frame: pd.DataFrame) -> list[str]:
+    """The notes on which clients the scores cover: untrained clients' rule, clients not scored."""
+    return [n for n in (untrained_note(frame), unscored_note(frame)) if n]
+
+
 def write_tables(frame: pd.DataFrame, out_dir: str | Path, columns: dict[str, str] = DEFAULT_TABLES) -> list[Path]:
     """Write <name>.md, <name>.tex, <name>.csv and <name>.meta.json per table; return the written paths.
 
@@ -217,7 +234,7 @@ def write_tables(frame: pd.DataFrame, out_dir: str | Path, columns: dict[str, st
     out_dir = Path(out_dir)
     written = []
     seeds = max_seeds(frame)
-    notes = [n for n in (untrained_note(frame), identical_note(frame)) if n]
+    notes = [*client_notes(frame), *filter(None, [identical_note(frame)])]
     note = " ".join(notes)
     for name, column in columns.items():
         title = caption(column, seeds)
