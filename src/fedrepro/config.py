@@ -24,6 +24,7 @@ from .io import short_hash
 from .methods import METHODS
 from .models import MODELS
 from .models.pretrain import PROXY_WEIGHTS, pretrain_spec
+from .plugins import load_modules
 from .overrides import blame, key_path, nested, parse_item
 from .registry import ConfigError, large_budgets_allowed, lift_hint, resolve_params, show
 from .tuning import apply_values, resolve_tuning
@@ -374,6 +375,7 @@ def resolve_experiment(config: dict) -> dict[str, Any]:
     config, sweeps = expand_sweeps(config)
     _schema_errors(config)
     config = plain_copy(config)
+    load_modules(config.get("plugins") or [], "config key 'plugins'")  # before any name is looked up
     for label, p in config["partitions"].items():
         _budget(f"partitions.{label}.num_clients", p["num_clients"], "num_clients")
     name = config["experiment"]

@@ -28,6 +28,12 @@ try:
 except ConfigError as exc:
     sys.exit(f"fedrepro: invalid experiment config: {exc}")
 
+# Plugins of the config's `plugins:` key reach every job (local or SLURM) the way the status
+# folder does: through the environment the jobs inherit, never through a rule's code.
+from fedrepro.plugins import PLUGINS_ENV, env_with
+
+os.environ[PLUGINS_ENV] = env_with(EXPERIMENT_CONFIG.get("plugins") or [])
+
 NAME = EXP["experiment"]
 OUT = f"results/{NAME}"
 CELLS = {
