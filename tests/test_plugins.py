@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -33,9 +34,10 @@ def run_fedrepro(args: list[str], pythonpath: list, **env) -> subprocess.Complet
 def installed_plugin(tmp_path_factory):
     """examples/plugin_method installed by pip (a real wheel build, entry point metadata and all)
     into a folder of its own, so the test environment itself is left as it was."""
-    target = tmp_path_factory.mktemp("site")
+    target, source = tmp_path_factory.mktemp("site"), tmp_path_factory.mktemp("src") / "plugin_method"
+    shutil.copytree(EXAMPLE, source, ignore=shutil.ignore_patterns("build", "*.egg-info"))  # the build writes beside it
     out = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--no-deps",
-                          "--target", str(target), str(EXAMPLE)], capture_output=True, text=True, timeout=300)
+                          "--target", str(target), str(source)], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stdout + out.stderr
     assert (target / "fedrepro_example_plugin" / "fedavg_slr.py").exists()
     return target

@@ -1,1 +1,0 @@
-"""Example fedrepro plugin (docs/plugins.md)."""
