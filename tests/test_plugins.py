@@ -131,6 +131,7 @@ def throwaway_method():
 def test_a_method_added_at_run_time_passes_the_registry_wide_checks(throwaway_method, tiny_partition, make_cell, tmp_path,
                                                                      capsys):
     import test_bad_configs
+    import test_cli
     import test_engine
     import test_tuning
     import test_untrained
@@ -140,6 +141,7 @@ def test_a_method_added_at_run_time_passes_the_registry_wide_checks(throwaway_me
     test_engine.test_every_method_runs_two_rounds_with_valid_metrics(tiny_partition, make_cell, tmp_path, name)
     test_untrained.test_every_method_scores_untrained_clients_by_the_one_rule(tiny_partition, make_cell, name)
     test_tuning.check_default_space(name)  # no search_spaces.yaml entry: the shared lr grid only
+    test_cli.test_list_prints_every_entry_with_parameters_and_defaults(capsys, "methods", METHODS)
     assert main(["list", "methods", name]) == 0
     out = capsys.readouterr().out
     assert "origin: module test_plugins" in out and "tuning source: no search space declared" in out
