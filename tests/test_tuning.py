@@ -21,7 +21,7 @@ from fedrepro.engine.data import carve_validation, load_clients
 from fedrepro.engine.run import train_cell
 from fedrepro.methods import METHODS
 from fedrepro.registry import ConfigError
-from fedrepro.tuning import default_spaces, select_winner, trial_id, trial_points
+from fedrepro.tuning import default_spaces, method_space, select_winner, trial_id, trial_points
 
 CPU = torch.device("cpu")
 
@@ -145,16 +145,24 @@ def test_default_spaces_and_random_sample_are_seeded():
     assert trial_id({"lr": 0.1, "mu": 0.01}) == trial_id({"mu": 0.01, "lr": 0.1})
 
 
+def check_default_space(name: str) -> None:
+    """The method's default space (search_spaces.yaml, its class's, or the shared lr grid) is cited
+    and every value passes the method's parameter checks."""
+    entry = method_space(name)
+    assert entry["source"].strip()
+    cfg = tuning_config({"methods": {}})
+    cfg["methods"] = {"m": {"method": name, "hparams": copy.deepcopy(TINY_HPARAMS.get(name, {}))}}
+    for needed in METHODS.get(name).models[:1]:  # e.g. FedGCR's prompted ViT
+        cfg["datasets"] = {ds: {**spec, "model": copy.deepcopy(TINY_MODELS[needed])} for ds, spec in cfg["datasets"].items()}
+    space = resolve_experiment(cfg)["tuning"]["labels"]["m"]["space"]
+    lr_grid = cfg["tuning"].get("lr") or default_spaces()["lr"]["values"]
+    assert space == {"lr": lr_grid, **entry["params"]}
+
+
 def test_every_registered_method_has_a_cited_default_space_of_valid_values(capsys):
-    spaces = default_spaces()
-    assert set(spaces["methods"]) == set(METHODS.names())
-    for name, entry in spaces["methods"].items():
-        assert entry["source"].strip()
-        cfg = tuning_config({"methods": {}})
-        cfg["methods"] = {"m": {"method": name, "hparams": copy.deepcopy(TINY_HPARAMS.get(name, {}))}}
-        for needed in METHODS.get(name).models[:1]:  # e.g. FedGCR's prompted ViT
-            cfg["datasets"] = {ds: {**spec, "model": copy.deepcopy(TINY_MODELS[needed])} for ds, spec in cfg["datasets"].items()}
-        resolve_experiment(cfg)  # every default value passes the method's parameter checks
+    assert set(default_spaces()["methods"]) <= set(METHODS.names())  # no entry for a method that is gone
+    for name in METHODS.names():
+        check_default_space(name)
     assert main(["list", "methods"]) == 0
     out = capsys.readouterr().out
     assert "tuning space: lr in [0.005, 0.01, 0.05, 0.1], mu in [0.001, 0.01, 0.1, 1.0]" in out

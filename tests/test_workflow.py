@@ -31,8 +31,10 @@ def snakemake(*args: str, cwd: Path, check: bool = True) -> subprocess.Completed
 @pytest.fixture(scope="module")
 def e2e(tmp_path_factory) -> Path:
     work = tmp_path_factory.mktemp("wf")
+    # with TensorBoard tracking on: a side channel (test_rerun_plans_nothing then runs without it)
     snakemake("--configfile", str(TEST_CONFIG), "--workflow-profile", str(REPO / "workflow/profiles/local"),
-              "--cores", "2", "--set-threads", "train=1", "--resources", "gpu=2", cwd=work)
+              "--cores", "2", "--set-threads", "train=1", "--resources", "gpu=2",
+              "--config", "set=tracking.tensorboard=true", cwd=work)
     snakemake("--configfile", str(TEST_CONFIG), "--report", "results/test/report.html", cwd=work)
     return work
 
@@ -58,6 +60,17 @@ def test_every_cell_trained_and_tabulated(e2e):
     assert rows == {("local", "personal"), ("fedavg", "global"), ("fedavg_ft", "global"), ("fedavg_ft", "personal")}
     summary = pd.read_csv(out / "summary.csv")
     assert len(summary[summary.kind.isin(["global", "personal"])]) == 2 * 2 * 4  # partitions x seeds x (label, kind)
+
+
+def test_tensorboard_run_writes_one_series_per_metric_per_cell_with_the_values_of_metrics_json(e2e):
+    from test_tracking import assert_series_are_the_metrics, read_scalars
+
+    out = e2e / "results" / "test"
+    runs = sorted(out.glob("runs/*/*/*/seed*/metrics.json"))
+    assert len(runs) == 12
+    for path in runs:
+        cell_dir = path.parent.relative_to(out / "runs")
+        assert_series_are_the_metrics(read_scalars(out / "tensorboard" / cell_dir), json.loads(path.read_text()))
 
 
 def test_plots_and_report_cover_every_panel(e2e):

@@ -21,7 +21,7 @@ def _print_entries(title: str, registry, extra=lambda e: [], names: list[str] | 
         if names and e.name not in names:
             continue
         print(f"  {e.name:<16} {e.summary}")
-        for line in extra(e):
+        for line in [f"origin: {e.origin}", *extra(e)]:
             print(f"  {'':<16} {line}")
         for key, p in e.params.items():
             print(f"  {'':<16}   {key} = {p.default!r}: {p.doc}")

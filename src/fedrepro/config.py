@@ -24,6 +24,8 @@ from .io import short_hash
 from .methods import METHODS
 from .models import MODELS, input_problem
 from .models.pretrain import PROXY_WEIGHTS, pretrain_spec
+from .plugins import load_modules
+from .tracking import TRACKING_DEFAULTS, check_available
 from .overrides import blame, key_path, nested, parse_item
 from .registry import ConfigError, large_budgets_allowed, lift_hint, resolve_params, show
 from .tuning import apply_values, resolve_tuning
@@ -449,6 +451,7 @@ def resolve_experiment(config: dict) -> dict[str, Any]:
     config, sweeps = expand_sweeps(config)
     _schema_errors(config)
     config = plain_copy(config)
+    load_modules(config.get("plugins") or [], "config key 'plugins'")  # before any name is looked up
     for label, p in config["partitions"].items():
         _budget(f"partitions.{label}.num_clients", p["num_clients"], "num_clients")
     name = config["experiment"]
@@ -564,8 +567,11 @@ def resolve_experiment(config: dict) -> dict[str, Any]:
     if len(cells) + len(tuning_cells) > BUDGETS["cells"] and not large_budgets_allowed():
         raise ConfigError(f"config key 'tuning' expands to {len(tuning_cells):,} tuning cells beside {len(cells):,} final ones; "
                           f"allowed: at most {BUDGETS['cells']:,} in all {lift_hint()}")
+    tracking = {**TRACKING_DEFAULTS, **(config.get("tracking") or {})}  # a side channel: in no cell, so in no hash
+    if tracking["tensorboard"]:
+        check_available()
     return {"experiment": name, "datasets": datasets, "partitions": partitions, "cells": cells,
-            "tuning": tuning, "tuning_cells": tuning_cells}
+            "tuning": tuning, "tuning_cells": tuning_cells, "tracking": tracking}
 
 
 def _tuning_cells(tuning: dict, cells: list[dict], base_training: dict, datasets: dict, methods: dict,

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import os
 import reprlib
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Callable, Generic, Iterator, TypeVar
 
@@ -139,14 +140,49 @@ class Entry(Generic[T]):
     summary: str
     params: dict[str, Param] = field(default_factory=dict)
     info: dict[str, Any] = field(default_factory=dict)
+    origin: str = "built-in"  # where it came from: built-in, or the plugin (fedrepro.plugins)
+
+
+#: The origin given to entries registered now: fedrepro.plugins sets it while importing a plugin.
+_ORIGIN: list[str] = []
+
+
+@contextmanager
+def registering_from(origin: str) -> Iterator[None]:
+    """Entries added inside this block record `origin` (`fedrepro list` prints it)."""
+    _ORIGIN.append(origin)
+    try:
+        yield
+    finally:
+        _ORIGIN.pop()
+
+
+def _origin_of(obj: Any) -> str:
+    if _ORIGIN:
+        return _ORIGIN[-1]
+    module = getattr(obj, "__module__", None) or ""
+    return "built-in" if module == "fedrepro" or module.startswith("fedrepro.") else f"module {module}"
 
 
 class Registry(Generic[T]):
-    """A named collection of components; `kind` is used in error messages."""
+    """A named collection of components; `kind` is used in error messages.
 
-    def __init__(self, kind: str):
+    With a `plugin_group`, the first lookup also loads the plugins (fedrepro.plugins: Python
+    entry points of that group and the modules named by FEDREPRO_PLUGINS), so a component
+    can live in another package."""
+
+    def __init__(self, kind: str, plugin_group: str | None = None):
         self.kind = kind
+        self.plugin_group = plugin_group
         self._entries: dict[str, Entry[T]] = {}
+
+    @property
+    def _all(self) -> dict[str, Entry[T]]:
+        if self.plugin_group is not None:
+            from .plugins import ensure_loaded
+
+            ensure_loaded()
+        return self._entries
 
     def register(self, name: str, summary: str, params: dict[str, Param] | None = None, **info: Any) -> Callable[[T], T]:
         def deco(obj: T) -> T:
@@ -156,24 +192,30 @@ class Registry(Generic[T]):
         return deco
 
     def add(self, name: str, obj: T, summary: str, params: dict[str, Param] | None = None, **info: Any) -> None:
+        origin = _origin_of(obj)
         if name in self._entries:
-            raise ValueError(f"{self.kind} '{name}' is registered twice")
-        self._entries[name] = Entry(name, obj, summary, dict(params or {}), info)
+            raise ConfigError(f"{self.kind} {name!r} is registered twice: by {self._entries[name].origin} and by {origin}; "
+                              f"allowed: one component per name (rename one)")
+        self._entries[name] = Entry(name, obj, summary, dict(params or {}), info, origin)
+
+    def remove(self, name: str) -> None:
+        """Forget `name` (a component registered at run time, e.g. by a test)."""
+        del self._entries[name]
 
     def entry(self, name: str) -> Entry[T]:
         try:
-            return self._entries[name]
+            return self._all[name]
         except KeyError:
-            raise ConfigError(f"unknown {self.kind} {name!r}; allowed: {', '.join(sorted(self._entries))}") from None
+            raise ConfigError(f"unknown {self.kind} {name!r}; allowed: {', '.join(sorted(self._all))}") from None
 
     def get(self, name: str) -> T:
         return self.entry(name).obj
 
     def __contains__(self, name: object) -> bool:
-        return name in self._entries
+        return name in self._all
 
     def __iter__(self) -> Iterator[Entry[T]]:
-        return iter(sorted(self._entries.values(), key=lambda e: e.name))
+        return iter(sorted(self._all.values(), key=lambda e: e.name))
 
     def names(self) -> list[str]:
-        return sorted(self._entries)
+        return sorted(self._all)

@@ -51,11 +51,27 @@ def default_spaces() -> dict[str, Any]:
     return yaml.safe_load(text)
 
 
+#: The citation of a method that declares no search space: tuning tries the shared lr grid only.
+NO_SPACE_SOURCE = "no search space declared (search_spaces.yaml or the method's `search_space`): the shared lr grid only"
+
+
+def method_space(method: str) -> dict[str, Any]:
+    """The method's default space {params, source}: its search_spaces.yaml entry, else its class's
+    `search_space` (a plugin's own file), else none (params {}: only the shared lr grid is tuned)."""
+    entry = default_spaces()["methods"].get(method)
+    if entry is not None:
+        return entry
+    from .methods import METHODS
+
+    cls = METHODS.get(method)
+    if cls.search_space is not None:
+        return {"params": dict(cls.search_space), "source": cls.search_source or f"declared by {METHODS.entry(method).origin}"}
+    return {"params": {}, "source": NO_SPACE_SOURCE}
+
+
 def default_space_lines(method: str) -> list[str]:
     """`fedrepro list methods`: the method's default search space and its citation."""
-    entry = default_spaces()["methods"].get(method)
-    if entry is None:
-        return ["tuning space: (none)"]
+    entry = method_space(method)
     lr = default_spaces()["lr"]["values"]
     params = ", ".join(f"{k} in {v}" for k, v in entry["params"].items())
     return [f"tuning space: lr in {lr}" + (f", {params}" if params else ""), f"tuning source: {entry['source']}"]
@@ -130,11 +146,8 @@ def resolve_tuning(config: dict, methods: dict[str, tuple[str, dict, Any]], decl
         if label in t["methods"]:
             space = _check_space(f"tuning.methods.{label}", t["methods"][label] or {}, declared[method])
         else:
-            entry = default_spaces()["methods"].get(method)
-            if entry is None:
-                raise ConfigError(f"config key 'tuning.methods.{label}' is missing: method {method!r} has no default search "
-                                  f"space in fedrepro/methods/search_spaces.yaml; allowed: give its space here")
-            space = _check_space(f"search_spaces.yaml:{method}", {"lr": lr_grid, **entry["params"]}, declared[method])
+            space = _check_space(f"search_spaces.yaml:{method}", {"lr": lr_grid, **method_space(method)["params"]},
+                                 declared[method])
         if not space:
             continue  # nothing to tune: the final cells run straight away
         trials = [{"id": trial_id(v), "values": v} for v in trial_points(space, t["search"], t["samples"], t["sample_seed"])]

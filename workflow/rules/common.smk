@@ -36,6 +36,12 @@ if workflow.is_main_process:
     for line in untrained_warnings(EXP):
         print(f"fedrepro: warning: {line}", file=sys.stderr)
 
+# Plugins of the config's `plugins:` key reach every job (local or SLURM) the way the status
+# folder does: through the environment the jobs inherit, never through a rule's code.
+from fedrepro.plugins import PLUGINS_ENV, env_with
+
+os.environ[PLUGINS_ENV] = env_with(EXPERIMENT_CONFIG.get("plugins") or [])
+
 NAME = EXP["experiment"]
 OUT = f"results/{NAME}"
 CELLS = {

@@ -61,6 +61,13 @@ from fedrepro.progress import STATUS_DIR_ENV
 
 os.environ[STATUS_DIR_ENV] = os.path.abspath(f"{OUT}/status")
 
+# Tracking (fedrepro/tracking.py), the same way: with `tracking: {tensorboard: true}` every job
+# writes its cell's scalars under results/<experiment>/tensorboard (`tensorboard --logdir results/E`).
+from fedrepro.tracking import TENSORBOARD_DIR_ENV
+
+if EXP["tracking"]["tensorboard"]:
+    os.environ[TENSORBOARD_DIR_ENV] = os.path.abspath(f"{OUT}/tensorboard")
+
 
 # When the run starts: the plan of cells (`fedrepro status` lists the pending ones), and a thread
 # that prints one line per evaluation of every training cell to this console.

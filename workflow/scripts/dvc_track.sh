@@ -16,5 +16,7 @@ targets+=(results/shards "results/$exp/runs" "results/$exp/plots" "results/$exp/
 "$DVC" add "${targets[@]}"
 "$DVC" push
 git add -f "results/$exp/summary.json" "results/$exp/summary.csv" "results/$exp/curves.csv"
+# dvc.yaml is generated: the tracked experiment joins the metrics and plots dvc diffs compare
+"$(dirname "$DVC")/python" workflow/scripts/dvc_yaml.py "$exp"
 git add results dvc.yaml
 echo "tracked: ${targets[*]}; commit with: git commit -m 'results of $exp'"

@@ -44,12 +44,16 @@ class DatasetSpec:
     load: Callable[[Path, dict], RawDataset]  # raw files under root -> RawDataset; offline
 
 
-DATASETS: Registry[DatasetSpec] = Registry[DatasetSpec]("dataset")
+DATASETS: Registry[DatasetSpec] = Registry[DatasetSpec]("dataset", plugin_group="fedrepro.datasets")
 
 
 def _register(spec: DatasetSpec) -> DatasetSpec:
     DATASETS.add(spec.name, spec, spec.summary, spec.params, source=spec.source, size=spec.size)
     return spec
+
+
+#: The public name plugins register a dataset with (docs/plugins.md).
+register_dataset = _register
 
 
 def _resolve(name: str, params: dict | None) -> tuple[DatasetSpec, dict[str, Any]]:

@@ -18,7 +18,7 @@ import numpy as np
 
 from ..registry import ConfigError, Param, Registry
 
-PARTITIONERS: Registry = Registry("partitioner")
+PARTITIONERS: Registry = Registry("partitioner", plugin_group="fedrepro.partitioners")
 
 
 def _check_clients(labels: np.ndarray, num_clients: int) -> None:

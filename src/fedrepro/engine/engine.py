@@ -34,6 +34,7 @@ from ..methods.base import Batch, FitResult  # the engine <-> method contract (r
 from ..models import SplitModel, build_model
 from ..registry import show
 from ..progress import CellProgress
+from ..tracking import Tracker
 from .data import AUGMENTATIONS, Client, Split, _normaliser
 from .vectorized import ClientFit, compiled_model, fit_many, vectorize_blocker
 
@@ -682,9 +683,10 @@ class Engine:
                 record["train_loss"] = train_loss
                 history.append(record)
                 eval_time += time.perf_counter() - t2
-                bar.update(r, _accuracies(record, [len(c.test) for c in self.clients]), train_loss)
+                stats = summaries(record, "test", [len(c.test) for c in self.clients])
+                bar.update(r, _accuracies(stats), train_loss, stats, up, down)
             else:
-                bar.update(r, None, train_loss)
+                bar.update(r, None, train_loss, None, up, down)
             if r % t["checkpoint_every"] == 0 and r < rounds:
                 self.save_checkpoint(history, per_round)
         bar.close()
@@ -708,6 +710,7 @@ class Engine:
                                 trained, self.untrained_rule, self.method.report())
         if embedding is not None:
             metrics["embedding"] = embedding
+        bar.track.final(metrics)
         return metrics
 
     def embedding(self, ids: list[int]) -> dict[str, Any] | None:
@@ -743,9 +746,8 @@ class Engine:
 _NO_SCORE = (math.nan, math.nan)  # accuracy and F1 of a client left out (excluded by the untrained rule)
 
 
-def _accuracies(record: dict, test_sizes: list[int]) -> dict[str, float]:
-    """The evaluated round's test accuracy (weighted over clients) per model kind."""
-    stats = summaries(record, "test", test_sizes)
+def _accuracies(stats: dict[str, dict[str, float]]) -> dict[str, float]:
+    """The evaluated round's test accuracy (weighted over clients) per model kind, of its `summaries`."""
     return {kind: stats[f"{kind}_acc"]["weighted_mean"] for kind in ("global", "personal")
             if f"{kind}_acc" in stats and not math.isnan(stats[f"{kind}_acc"]["weighted_mean"])}
 
@@ -753,19 +755,23 @@ def _accuracies(record: dict, test_sizes: list[int]) -> dict[str, float]:
 class _progress:
     """Round progress with the current accuracy: a tqdm bar on a terminal, one line per
     round in a log file (Snakemake logs are files); under the workflow also a status file and
-    compact console lines (fedrepro.progress: side channels that never touch the results)."""
+    compact console lines (fedrepro.progress), and with tracking on, TensorBoard scalars
+    (fedrepro.tracking): side channels that never touch the results."""
 
     def __init__(self, total: int, initial: int, enabled: bool, cell: dict | None = None):
         self.total, self.enabled, self.last = total, enabled, ""
         self.bar = None
         self.live = CellProgress(cell, total, initial)
+        self.track = Tracker(cell, initial)
         if enabled and sys.stderr.isatty():
             from tqdm import tqdm
 
             self.bar = tqdm(total=total, initial=initial, desc="rounds", file=sys.stderr)
 
-    def update(self, r: int, acc: dict[str, float] | None, loss: float) -> None:
+    def update(self, r: int, acc: dict[str, float] | None, loss: float, stats: dict | None = None, up: int = 0,
+               down: int = 0) -> None:
         self.live.update(r, acc, loss)
+        self.track.round(r, loss, up, down, stats)
         if not self.enabled:
             return
         if acc:

@@ -1,7 +1,9 @@
 """Method registry: every module in this package registers one method.
 
 Adding a method = adding one file here with a `Method` subclass decorated by
-`@register`; nothing else changes.
+`@register`; nothing else changes (a default tuning space in search_spaces.yaml or the
+class's `search_space` is optional). A method can also live in another package
+(fedrepro.plugins: entry point group `fedrepro.methods`; docs/plugins.md).
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import pkgutil
 from ..registry import Registry
 from .base import Method, Update, payload_bytes, select, weighted_average
 
-METHODS: Registry = Registry("method")
+METHODS: Registry = Registry("method", plugin_group="fedrepro.methods")
 
 
 def register(cls: type[Method]) -> type[Method]:

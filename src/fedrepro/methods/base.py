@@ -103,6 +103,10 @@ class Method:
     has_global: ClassVar[bool] = True  # evaluate a global model
     has_personal: ClassVar[bool] = False  # evaluate a personalized model per client
     models: ClassVar[tuple[str, ...]] = ()  # the models it needs (a model capability it uses); () = any
+    # Default tuning space {hparam: [values]} and its citation, for a method kept out of
+    # methods/search_spaces.yaml (a plugin); None and no yaml entry: tuning uses the shared lr grid only.
+    search_space: ClassVar[dict[str, list] | None] = None
+    search_source: ClassVar[str] = ""
     # The class's own `local_updates` equals its `local_update` per client (engine/vectorized.py).
     # Read from the class's own namespace: a subclass that changes the local update must opt in again.
     vectorized: ClassVar[bool] = False

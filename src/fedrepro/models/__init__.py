@@ -14,7 +14,7 @@ from torch import nn
 
 from ..registry import Param, Registry
 
-MODELS: Registry = Registry("model")
+MODELS: Registry = Registry("model", plugin_group="fedrepro.models")
 
 #: Largest layer width / channel count a config may ask for (a 65,536-wide layer is already
 #: far beyond every model of the benchmark; larger ones only exhaust memory).

@@ -1,0 +1,1 @@
+"""Example fedrepro plugin (docs/plugins.md)."""
