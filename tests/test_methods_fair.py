@@ -268,6 +268,9 @@ def test_grp_fed_power_aggregation_weights_and_adaptive_power(tiny_partition, ma
     for losses in ([1.0, 1.4], [1.0, 1.3], [1.0, 1.2]):
         m.aggregate(fake_updates(eng, losses))
     assert m.server["q"] == 8.5
+    # metrics.json's `method` entry: the power each aggregation used, and sigma_t
+    assert [q for _, q in m.report()["q_per_round"]] == [10.0, 10.0, 10.5, 10.0, 9.5, 9.0]
+    assert [s for _, s in m.report()["loss_std_per_round"]][:3] == pytest.approx([0.5, 1.0, 0.25])
 
 
 def test_grp_fed_default_aggregation_is_the_hand_computed_qfedavg_step(tiny_partition, make_cell):

@@ -132,6 +132,7 @@ class GRPFed(Method):
         eng = self.engine
         self.server["q"] = float(self.hp["q0"])
         self.server["prev_std"] = float("nan")
+        self.server["trace"] = []  # (round, q_t used, std of the reported losses): metrics.json `method`
         self.server["init_local"] = select(self.server["global"], ("extractor.",))  # F_l^0 := F_g^0
         # The client-side modules: a second extractor (F_l) and D, loaded per client from client.state.
         self._local = copy.deepcopy(eng.model.extractor)
@@ -153,6 +154,12 @@ class GRPFed(Method):
         std = loss_std(losses)
         self.server["q"] = next_power(q, std, self.server["prev_std"], self.hp["alpha"])
         self.server["prev_std"] = std
+        self.server.setdefault("trace", []).append([self.engine.round, q, std])  # older checkpoints lack it
+
+    def report(self):
+        """The adaptive power per round: q_t used to aggregate and sigma_t, the std of the losses."""
+        trace = self.server.get("trace") or []
+        return {"q_per_round": [[r, q] for r, q, _ in trace], "loss_std_per_round": [[r, s] for r, _, s in trace]}
 
     def qfedavg(self, updates, losses, q, sizes):
         names = [k for k, _ in self.engine.model.named_parameters()]
