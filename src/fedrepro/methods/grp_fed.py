@@ -18,7 +18,8 @@ Server (Algorithm 1, lines 1-14), power q_0 = 10:
         w <- w - sum_k L_k^(q_t) Δw_k / sum_k h_k          (`aggregation: qfedavg`, the default);
       `aggregation: power` (the default before issue 26) instead normalises raw weights
         p_k = L_k^(q_t) / sum_j L_j^(q_t) = softmax(q_t log L_k),  (F_g, C_g) <- sum_k p_k (F_g,k, C_g,k),
-      which with q = 10 gives nearly all the weight to one client;
+      which with q = 10 gives nearly all the weight to one client; at q = 10 the q-FedAvg step is
+      instead heavily damped (0.2-0.28 of FedAvg's step on grp_fed_cpu: config header, issue 26);
     adaptive power [RECON]: sigma_t = std_k L_k;
       q_(t+1) = q_t + alpha if sigma_t > sigma_(t-1), else max(0, q_t - alpha)
       (the first round has no sigma_0: q stays q_0).
