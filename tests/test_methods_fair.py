@@ -6,9 +6,11 @@ steps are checked against hand computations on 2-4 clients with scalar / vector 
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 import torch
+import yaml
 import torch.nn.functional as F
 from torch.func import functional_call
 
@@ -20,6 +22,8 @@ from fedrepro.methods.grp_fed import discriminator_loss, next_power
 
 from conftest import kill_in_round_3_and_resume
 from test_engine import engine_for, strip_timing
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def method_engine(tiny_partition, make_cell, label, model=None, **hparams):
@@ -244,8 +248,8 @@ def test_grp_fed_power_update_direction():
     assert next_power(10.0, std=1.0, prev_std=float("nan"), alpha=0.5) == 10.0  # first round: no sigma_0
 
 
-def test_grp_fed_aggregation_weights_and_adaptive_power(tiny_partition, make_cell):
-    eng = method_engine(tiny_partition, make_cell, "grp_fed")
+def test_grp_fed_power_aggregation_weights_and_adaptive_power(tiny_partition, make_cell):
+    eng = method_engine(tiny_partition, make_cell, "grp_fed", aggregation="power")  # the default before issue 26
     m = eng.method
     assert m.server["q"] == 10.0 and m.hp["alpha"] == 0.5
     ups = fake_updates(eng, [1.0, 2.0])  # std 0.5
@@ -264,16 +268,86 @@ def test_grp_fed_aggregation_weights_and_adaptive_power(tiny_partition, make_cel
     for losses in ([1.0, 1.4], [1.0, 1.3], [1.0, 1.2]):
         m.aggregate(fake_updates(eng, losses))
     assert m.server["q"] == 8.5
+    # metrics.json's `method` entry: the power each aggregation used, and sigma_t
+    assert [q for _, q in m.report()["q_per_round"]] == [10.0, 10.0, 10.5, 10.0, 9.5, 9.0]
+    assert [s for _, s in m.report()["loss_std_per_round"]][:3] == pytest.approx([0.5, 1.0, 0.25])
 
 
-def test_grp_fed_exact_qfedavg_option(tiny_partition, make_cell):
-    eng = method_engine(tiny_partition, make_cell, "grp_fed", aggregation="qfedavg", q0=3.0)
-    glob = dict(eng.method.server["global"])
-    ups = fake_updates(eng, [0.8, 1.6, 1.2])
-    eng.method.aggregate(ups)
+def test_grp_fed_default_aggregation_is_the_hand_computed_qfedavg_step(tiny_partition, make_cell):
+    """q-FedAvg (Li et al. 2020, Algorithm 3) with GRP-FED's current power q_t = q_0 = 10 and L = 1/lr:
+    Δw_k = L (w - w_k), h_k = q F_k^(q-1) ||Δw_k||^2 + L F_k^q, w <- w - sum_k F_k^q Δw_k / sum_k h_k."""
+    eng = method_engine(tiny_partition, make_cell, "grp_fed")
+    m = eng.method
+    assert (m.hp["aggregation"], m.server["q"], m.hp["lipschitz"]) == ("qfedavg", 10.0, None)
+    glob = {k: v.double() for k, v in m.server["global"].items()}
+    f = [0.9, 1.3, 1.1]
+    ups = fake_updates(eng, f)
+    m.aggregate(ups)
+    q, L = 10.0, 1 / eng.lr
     names = [k for k, _ in eng.model.named_parameters()]
-    expected = qfedavg_step(glob, ups, [0.8, 1.6, 1.2], 3.0, 1 / eng.lr, names)
-    assert all(torch.allclose(eng.method.server["global"][k], expected[k]) for k in names)
+    delta = [{k: L * (glob[k] - u.params[k].double()) for k in names} for u in ups]
+    h = sum(q * fk ** (q - 1) * sum(float((d[k] ** 2).sum()) for k in names) + L * fk**q for fk, d in zip(f, delta))
+    for k in names:
+        expected = glob[k] - sum(fk**q * d[k] for fk, d in zip(f, delta)) / h
+        assert torch.allclose(m.server["global"][k].double(), expected, atol=1e-6), k
+    # not the normalised power weights of the old default (those would move the model by ~the shifts)
+    power = mixed(ups, power_weights(f, q).tolist(), "head.bias")
+    assert not torch.allclose(m.server["global"]["head.bias"], power, atol=1e-3)
+    assert m.server["q"] == 10.0  # first round: no previous std, q unchanged; adapted from the next round on
+
+
+@pytest.mark.parametrize("lipschitz", [None, 20.0])
+def test_grp_fed_aggregation_is_qffls_step_with_the_same_L(tiny_partition, make_cell, lipschitz):
+    """GRP-FED versus q-FFL at q = q_0: the same uploads give the same global model (same L convention)."""
+    grp = method_engine(tiny_partition, make_cell, "grp_fed", lipschitz=lipschitz)
+    qffl = method_engine(tiny_partition, make_cell, "qffl", q=10.0, lipschitz=lipschitz)
+    f = [0.7, 1.2, 1.0]
+    grp.method.aggregate(fake_updates(grp, f))
+    qffl.method.aggregate(fake_updates(qffl, f))
+    assert all(torch.equal(v, qffl.method.server["global"][k]) for k, v in grp.method.server["global"].items())
+    other = method_engine(tiny_partition, make_cell, "grp_fed", lipschitz=5.0)
+    other.method.aggregate(fake_updates(other, f))
+    assert not torch.allclose(other.method.server["global"]["head.bias"], grp.method.server["global"]["head.bias"])
+
+
+@pytest.mark.parametrize("epochs", [1, 2])
+def test_grp_fed_reports_the_training_loss(tiny_partition, make_cell, monkeypatch, epochs):
+    """L_k (paper §3.4: returned with the trained model) = the mean global CE over every batch of the
+    local epochs, weighted by batch size; `loss_at: start` keeps the received model's loss before training."""
+    eng = method_engine(tiny_partition, make_cell, "grp_fed")
+    eng.training["local_epochs"] = epochs
+    m, c = eng.method, eng.clients[1]
+    seen = []
+    step = m.global_step
+
+    def recording(x, y, opt):
+        z, loss = step(x, y, opt)
+        seen.append((float(loss), len(y)))
+        return z, loss
+
+    monkeypatch.setattr(m, "global_step", recording)
+    payload = m.broadcast(c)
+    start = global_loss(eng, c, payload)
+    up = m.local_update(c, payload)
+    assert sum(n for _, n in seen) == epochs * c.num_train
+    assert up.extras["loss"] == pytest.approx(sum(l * n for l, n in seen) / sum(n for _, n in seen), rel=1e-6)
+    assert up.extras["loss"] != pytest.approx(start, rel=1e-3)
+    old = method_engine(tiny_partition, make_cell, "grp_fed", loss_at="start")
+    c = old.clients[1]
+    payload = old.method.broadcast(c)
+    assert old.method.local_update(c, payload).extras["loss"] == pytest.approx(global_loss(old, c, payload), rel=1e-6)
+
+
+@pytest.mark.parametrize("config", ["grp_fed.yaml", "grp_fed_cpu.yaml"])
+def test_grp_fed_papers_qffl_row_differs_from_grp_fed_only_by_what_grp_fed_adds(config):
+    """Issue 26: the q-FFL row runs GRP-FED's server step (same q-FedAvg form, q = q_0, L, reported loss),
+    so that GRP-FED versus q-FFL measures the adaptive q and the personal branch only."""
+    methods = yaml.safe_load((REPO / "config" / "papers" / config).read_text())["methods"]
+    resolved = {label: {k: p.default for k, p in METHODS.get(label).hparams.items()} | methods[label].get("hparams", {})
+                for label in ("qffl", "grp_fed")}
+    qffl, grp = resolved["qffl"], resolved["grp_fed"]
+    assert grp["aggregation"] == "qfedavg" and qffl["q"] == grp["q0"]
+    assert all(qffl[k] == grp[k] for k in ("lipschitz", "loss_at", "weight_by_size"))
 
 
 def _grad_step(params, loss_of, lr):
@@ -368,12 +442,11 @@ def test_grp_fed_local_update_keeps_F_l_and_D_on_the_client(tiny_partition, make
     c = eng.clients[2]
     init_local = dict(m.server["init_local"])
     payload = m.broadcast(c)
-    start = global_loss(eng, c, payload)
     up = m.local_update(c, payload)
     # the upload: exactly the global model (F_g + C_g) as trained here, and the loss L_k
     assert set(up.params) == set(eng.model.state_dict()) and set(up.extras) == {"loss"}
     assert all(torch.equal(up.params[k], v) for k, v in eng.get_params().items())
-    assert up.extras["loss"] == pytest.approx(start)
+    assert up.extras["loss"] == up.loss  # the training loss (test_grp_fed_reports_the_training_loss)
     assert not torch.allclose(up.params["head.bias"], payload["head.bias"])  # F_g, C_g trained
     # F_l and D stay on the client, trained, and differ from what was uploaded
     local, disc = c.state["local"], c.state["disc"]

@@ -14,6 +14,8 @@ on them. What they share, one copy each:
 * `tilted_weights`      p_k exp(t L_k), normalised (TERM, client level);
 * `project_simplex`     Euclidean projection onto the probability simplex (AFL);
 * `qfedavg_step`        the exact q-FedAvg server update (Li et al., ICLR 2020, Algorithm 3);
+* `LIPSCHITZ`, `lipschitz`  its L and the one convention for it (null = 1 / the round's lr), shared
+                        by q-FFL and GRP-FED so that both run the same step;
 * `mix`                 sum_k w_k theta_k over the uploads with given weights;
 * `LossWeighted`        FedAvg whose clients report F_k and whose server mixes the uploads
                         with loss-based weights (the base of q-FFL, AFL and TERM).
@@ -41,6 +43,16 @@ WEIGHT_BY_SIZE = Param(False, "also multiply each client's weight by its train s
                               "with p_k = n_k / n, whose clients are *sampled* proportionally to p_k; the engine samples "
                               "uniformly). False: the weights depend on the losses only, as in methods.md §3.3 and the "
                               "q-FedAvg / FLGo / FedGCR code", bool)
+
+LIPSCHITZ = Param(None, "L, the Lipschitz estimate in q-FedAvg's Δw_k = L (w - w_k) and h_k; null = 1 / the round's local "
+                        "learning rate, as in the q-FFL paper and its code (the FedGCR code hard-codes 1/0.001); with "
+                        "momentum m, 1 / (lr / (1 - m)) is the plain-SGD equivalent",
+                  float, exclusive_minimum=0)
+
+
+def lipschitz(hp, engine) -> float:
+    """q-FedAvg's L for this round: the `lipschitz` hyper-parameter, or 1 / the round's learning rate."""
+    return hp["lipschitz"] or 1.0 / engine.lr
 
 
 # -- the reported loss --------------------------------------------------------------------

@@ -10,9 +10,16 @@ on the client and never uploaded. F_l^0 := F_g^0 [RECON]; D^0 is one seeded init
 
 Server (Algorithm 1, lines 1-14), power q_0 = 10:
   for t = 1..T: sample S_t; each k in S_t runs Client(F_g, C_g) and returns (F_g,k, C_g,k, L_k);
-    adaptive aggregation [RECON, methods.md §3.3]:
-      p_k = L_k^(q_t) / sum_j L_j^(q_t) = softmax(q_t log L_k),  (F_g, C_g) <- sum_k p_k (F_g,k, C_g,k)
-      (or the exact q-FedAvg step with power q_t, `aggregation: qfedavg`);
+    adaptive aggregation [RECON, methods.md §3.3]: "inspired by q-FFL ... adaptively adjusts the
+      power of loss" (§2), "the initial loss power is 10, which is the same as q-FFL" (§4.1), so
+      q-FFL's own server step, q-FedAvg (`_fair.qfedavg_step`, the one copy q-FFL uses too), with
+      power q_t and q-FFL's L convention (`lipschitz`, null = 1/lr):
+        Δw_k = L (w - w_k),  h_k = q_t L_k^(q_t - 1) ||Δw_k||^2 + L L_k^(q_t),
+        w <- w - sum_k L_k^(q_t) Δw_k / sum_k h_k          (`aggregation: qfedavg`, the default);
+      `aggregation: power` (the default before issue 26) instead normalises raw weights
+        p_k = L_k^(q_t) / sum_j L_j^(q_t) = softmax(q_t log L_k),  (F_g, C_g) <- sum_k p_k (F_g,k, C_g,k),
+      which with q = 10 gives nearly all the weight to one client; at q = 10 the q-FedAvg step is
+      instead heavily damped (0.2-0.28 of FedAvg's step on grp_fed_cpu: config header, issue 26);
     adaptive power [RECON]: sigma_t = std_k L_k;
       q_(t+1) = q_t + alpha if sigma_t > sigma_(t-1), else max(0, q_t - alpha)
       (the first round has no sigma_0: q stays q_0).
@@ -24,8 +31,10 @@ Client k (lines 16-39), for E epochs, per batch (x, y):
                        during the local training"; D fixed: F_l learns to fool D);
   3. discriminator:    L_D = BCE(D(z_g), 1) + BCE(D(z_l), 0) with z_g, z_l of this batch detached
                        (F_g, F_l fixed); one SGD step on D only.
-  L_k = the global training loss [RECON]: CE of the received global model on the client's train
-  split before local training (q-FFL's F_k(w^t)), or the running mean of L_g (`loss_at`).
+  L_k = the global training loss: "after returning all trained F_g, C and global training loss"
+  (§3.4; Fig. 3 plots it): the mean of L_g over the local epochs' batches (`loss_at: train`, the
+  default); `loss_at: start` (the default before issue 26) = CE of the received global model on
+  the client's train split before training (q-FFL's F_k(w^t)).
   Upload (F_g, C_g, L_k); F_l and D stay on the client.
 
 Evaluation: global = F_g + C_g; personal = F_l + the current global C_g (paper §3.4, local test).
@@ -46,7 +55,7 @@ from torch.func import functional_call
 from ..io import derive_seed
 from ..registry import Param
 from . import register
-from ._fair import global_loss, loss_std, mix, power_weights, qfedavg_step
+from ._fair import LIPSCHITZ, global_loss, lipschitz, loss_std, mix, power_weights, qfedavg_step
 from .base import Method, Update, select
 
 
@@ -92,15 +101,19 @@ class GRPFed(Method):
                           "lam*CE(C_g(z_l), y) + (1-lam)*BCE(D(z_l), 1); the loss form and the best lambda are missing "
                           "from the paper text (Fig. 4 sweeps 0.1..0.9; larger lambda = more personalization), "
                           "methods.md §3.2, §3.4", float, minimum=0, maximum=1),
-        "aggregation": Param("power", "[RECON] reconstructed: the equation is missing from the paper text; 'power' = "
-                                      "p_k = L_k^q / sum_j L_j^q (softmax(q log L_k)), the text's 'weighted by the global "
-                                      "training loss and the adaptive power q' read as normalised q-FFL weights; "
-                                      "'qfedavg' = the exact q-FedAvg step with power q_t and L = 1/lr (methods.md §3.3)",
-                             str, choices=("power", "qfedavg")),
-        "loss_at": Param("start", "[RECON] reconstructed: which 'global training loss' L_k a client reports; 'start' = "
-                                  "CE of the received global model on its train split before local training, as "
-                                  "q-FFL's F_k(w^t); 'train' = the running mean of the global CE during local "
-                                  "training (methods.md §3.2 step 4)", str, choices=("start", "train")),
+        "aggregation": Param("qfedavg", "[RECON] reconstructed: the equation is missing from the paper text; 'qfedavg' = "
+                                        "q-FFL's own server step (q-FedAvg, Li et al. 2020, Algorithm 3) with the adaptive "
+                                        "power q_t and the L of `lipschitz` ('inspired by q-FFL', §2; 'initial loss power "
+                                        "10, the same as q-FFL', §4.1); 'power' = normalised raw weights p_k = L_k^q / "
+                                        "sum_j L_j^q (softmax(q log L_k)), the default before issue 26, which at q = 10 "
+                                        "puts ~0.8 of the weight on one client (methods.md §3.3)",
+                             str, choices=("qfedavg", "power")),
+        "lipschitz": LIPSCHITZ,
+        "loss_at": Param("train", "[RECON] reconstructed: which 'global training loss' L_k a client reports; 'train' = "
+                                  "the mean global CE over its local epochs' batches, what the paper's clients return "
+                                  "'after' training (§3.4, Fig. 3); 'start' = CE of the received global model on its "
+                                  "train split before local training, as q-FFL's F_k(w^t) (the default before issue 26; "
+                                  "methods.md §3.2 step 4)", str, choices=("train", "start")),
         "weight_by_size": Param(False, "[RECON] reconstructed: multiply p_k by the train size n_k; the paper's weights "
                                        "depend on the loss and q only (methods.md §3.3), so off by default", bool),
         "disc_hidden": Param(None, "[RECON] reconstructed: hidden width of the 2-layer FC discriminator D, which the "
@@ -120,6 +133,7 @@ class GRPFed(Method):
         eng = self.engine
         self.server["q"] = float(self.hp["q0"])
         self.server["prev_std"] = float("nan")
+        self.server["trace"] = []  # (round, q_t used, std of the reported losses): metrics.json `method`
         self.server["init_local"] = select(self.server["global"], ("extractor.",))  # F_l^0 := F_g^0
         # The client-side modules: a second extractor (F_l) and D, loaded per client from client.state.
         self._local = copy.deepcopy(eng.model.extractor)
@@ -136,15 +150,26 @@ class GRPFed(Method):
         losses = [float(u.extras["loss"]) for u in updates]
         q = self.server["q"]
         sizes = [float(u.num_samples) for u in updates] if self.hp["weight_by_size"] else None
-        if self.hp["aggregation"] == "power":
-            new = mix(updates, power_weights(losses, q, sizes))
-        else:
-            names = [k for k, _ in self.engine.model.named_parameters()]
-            new = qfedavg_step(self.server["global"], updates, losses, q, 1.0 / self.engine.lr, names, sizes)
+        new = self.AGGREGATIONS[self.hp["aggregation"]](self, updates, losses, q, sizes)
         self.server["global"] = {**self.server["global"], **new}
         std = loss_std(losses)
         self.server["q"] = next_power(q, std, self.server["prev_std"], self.hp["alpha"])
         self.server["prev_std"] = std
+        self.server.setdefault("trace", []).append([self.engine.round, q, std])  # older checkpoints lack it
+
+    def report(self):
+        """The adaptive power per round: q_t used to aggregate and sigma_t, the std of the losses."""
+        trace = self.server.get("trace") or []
+        return {"q_per_round": [[r, q] for r, q, _ in trace], "loss_std_per_round": [[r, s] for r, _, s in trace]}
+
+    def qfedavg(self, updates, losses, q, sizes):
+        names = [k for k, _ in self.engine.model.named_parameters()]
+        return qfedavg_step(self.server["global"], updates, losses, q, lipschitz(self.hp, self.engine), names, sizes)
+
+    def power(self, updates, losses, q, sizes):
+        return mix(updates, power_weights(losses, q, sizes))
+
+    AGGREGATIONS = {"qfedavg": qfedavg, "power": power}
 
     # -- client ---------------------------------------------------------------------
     def initial_local(self, global_params):

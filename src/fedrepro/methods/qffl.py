@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from ..registry import Param
 from . import register
-from ._fair import LOSS_AT, WEIGHT_BY_SIZE, LossWeighted, qfedavg_step
+from ._fair import LIPSCHITZ, LOSS_AT, WEIGHT_BY_SIZE, LossWeighted, lipschitz, qfedavg_step
 
 
 @register
@@ -31,9 +31,7 @@ class QFFL(LossWeighted):
     hparams = {
         "q": Param(1.0, "fairness power q (q = 0: FedAvg). 1 as in the FedGCR code and the q-FFL paper's Synthetic / "
                         "Sent140 runs; GRP-FED compares against q-FFL with q = 10 (methods.md §3.3, §6)", float, minimum=0),
-        "lipschitz": Param(None, "L, the Lipschitz estimate in Δw_k = L (w - w_k) and h_k; null = 1 / the round's local "
-                                 "learning rate, as in the paper and its code (the FedGCR code hard-codes 1/0.001)",
-                           float, exclusive_minimum=0),
+        "lipschitz": LIPSCHITZ,
         "loss_at": LOSS_AT,
         "weight_by_size": WEIGHT_BY_SIZE,
     }
@@ -41,8 +39,7 @@ class QFFL(LossWeighted):
     def aggregate(self, updates):
         if not updates:
             return
-        lipschitz = self.hp["lipschitz"] or 1.0 / self.engine.lr
         sizes = self.sizes(updates) if self.hp["weight_by_size"] else None
-        step = qfedavg_step(self.server["global"], updates, self.losses(updates), self.hp["q"], lipschitz,
-                            self.trainable_names(), sizes)
+        step = qfedavg_step(self.server["global"], updates, self.losses(updates), self.hp["q"],
+                            lipschitz(self.hp, self.engine), self.trainable_names(), sizes)
         self.server["global"] = {**self.server["global"], **step}
