@@ -33,7 +33,9 @@ def run_once(config_text: str, keep: bool) -> dict:
     cmd = [sys.executable, "-m", "snakemake", "--workflow-profile", "workflow/profiles/local", "--snakefile",
            str(REPO / "Snakefile"), "--directory", str(work), "--configfile", str(config)]
     t0 = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
+    # the jobs call `fedrepro`: this interpreter's scripts first on PATH, as an activated venv has them
+    env = {**os.environ, "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")}
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, env=env)
     wall = time.perf_counter() - t0
     if proc.returncode != 0:
         raise SystemExit(f"snakemake failed in {work}:\n{proc.stderr[-4000:]}")
