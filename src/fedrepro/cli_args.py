@@ -20,6 +20,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from .io import FileTooLarge, NotRegularFile, file_kind, read_regular
+
 #: Largest JSON file an argument may name (--tuned, a select rule's record: a few KB).
 MAX_JSON_BYTES = 16 << 20
 DEVICE_RE = re.compile(r"auto|cpu|mps|cuda(:\d{1,3})?")
@@ -37,14 +39,6 @@ def _bad(what: str, value: Any, allowed: str) -> argparse.ArgumentTypeError:
     return argparse.ArgumentTypeError(f"{what}: {value!r}; allowed: {allowed}")
 
 
-def _kind(mode: int) -> str:
-    for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"),
-                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device")):
-        if test(mode):
-            return name
-    return "not a regular file"
-
-
 def existing_file(value: str) -> str:
     """A regular file that exists and is readable (never opened here: a FIFO would block)."""
     try:
@@ -54,24 +48,20 @@ def existing_file(value: str) -> str:
     except OSError as exc:
         raise _bad(f"cannot stat the file ({exc.strerror})", value, "a readable regular file") from None
     if not stat.S_ISREG(st.st_mode):
-        raise _bad(f"{_kind(st.st_mode)}, not a regular file", value, "the path of an existing regular file")
+        raise _bad(f"{file_kind(st.st_mode)}, not a regular file", value, "the path of an existing regular file")
     if not os.access(value, os.R_OK):
         raise _bad("the file is not readable", value, "a readable regular file")
     return value
 
 
 def read_bounded(path: str, limit: int) -> bytes:
-    """The bytes of the regular file `path`, at most `limit` of them: opened without blocking
-    (O_NONBLOCK: a FIFO swapped in after a check never hangs the reader) and checked with fstat."""
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
-    with os.fdopen(fd, "rb") as fh:
-        st = os.fstat(fh.fileno())
-        if not stat.S_ISREG(st.st_mode):
-            raise _bad(f"{_kind(st.st_mode)}, not a regular file", path, "the path of an existing regular file")
-        data = fh.read(limit + 1)
-    if len(data) > limit:
-        raise _bad(f"larger than {limit:,} bytes", path, f"a file of at most {limit:,} bytes")
-    return data
+    """The bytes of the regular file `path`, at most `limit` of them (fedrepro.io.read_regular)."""
+    try:
+        return read_regular(path, limit)
+    except NotRegularFile as exc:
+        raise _bad(f"{file_kind(exc.st_mode)}, not a regular file", path, "the path of an existing regular file") from None
+    except FileTooLarge:
+        raise _bad(f"larger than {limit:,} bytes", path, f"a file of at most {limit:,} bytes") from None
 
 
 def json_object_text(value: str) -> dict:
@@ -159,7 +149,7 @@ def output_file(value: str) -> str:
     if p.is_dir():
         raise _bad("an existing directory, not a file", value, "the path of a file to write")
     if p.exists() and not p.is_file():
-        raise _bad(f"{_kind(p.stat().st_mode)}, not a regular file", value, "the path of a regular file to write")
+        raise _bad(f"{file_kind(p.stat().st_mode)}, not a regular file", value, "the path of a regular file to write")
     if p.exists() and not os.access(p, os.W_OK):
         raise _bad("an existing file that is not writable", value, "a writable file")
     _check_creatable(p.parent, value)

@@ -26,13 +26,13 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import stat
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from .io import FileTooLarge, NotRegularFile, read_regular
 from .registry import ConfigError, show
 
 MAX_BYTES = 1 << 20  # 1 MiB: the largest shipped config is a few KB
@@ -189,23 +189,20 @@ def parse_config_text(text: str, name: str = "<string>", source: str | None = No
 def read_config_file(path: str | Path) -> Any:
     """The parsed content of a config file; ConfigError (never a traceback) for anything unsafe."""
     name = str(path)
-    try:
-        # O_NONBLOCK and fstat before any read: a FIFO, socket or device named as the config never blocks the reader
-        fd = os.open(Path(path), os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
-        with os.fdopen(fd, "rb") as fh:
-            mode = os.fstat(fh.fileno()).st_mode
-            if not stat.S_ISREG(mode):
-                kind = "a directory" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode) else "not a regular file"
-                raise ConfigError(f"{_file(name)}: {kind}; allowed: the path of a regular YAML or JSON file")
-            data = fh.read(MAX_BYTES + 1)
+    try:  # a FIFO, socket or device named as the config never blocks the reader (read_regular)
+        data = read_regular(path, MAX_BYTES)
+    except NotRegularFile as exc:
+        mode = exc.st_mode
+        kind = "a directory" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode) else "not a regular file"
+        raise ConfigError(f"{_file(name)}: {kind}; allowed: the path of a regular YAML or JSON file") from None
+    except FileTooLarge:
+        raise ConfigError(f"{_file(name)}: larger than {MAX_BYTES:,} bytes; allowed: at most {MAX_BYTES:,} bytes") from None
     except FileNotFoundError:
         raise ConfigError(f"{_file(name)}: not found; allowed: the path of an existing YAML or JSON file") from None
     except IsADirectoryError:
         raise ConfigError(f"{_file(name)}: a directory; allowed: the path of a regular YAML or JSON file") from None
     except OSError as exc:
         raise ConfigError(f"{_file(name)}: cannot be read ({exc.strerror or exc}); allowed: a readable YAML or JSON file") from None
-    if len(data) > MAX_BYTES:
-        raise ConfigError(f"{_file(name)}: larger than {MAX_BYTES:,} bytes; allowed: at most {MAX_BYTES:,} bytes")
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:

@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import stat
 import sys
 import time
 from functools import lru_cache
@@ -25,7 +24,7 @@ from typing import Any, Iterable
 import jsonschema
 import yaml
 
-from .io import fsync_dir, short_hash
+from .io import FileTooLarge, NotRegularFile, fsync_dir, read_regular, short_hash
 from .registry import ConfigError, show
 
 #: The fields of an identity, in the order a mismatch is reported (the first differing one is named).
@@ -112,24 +111,15 @@ def read_bounded_json(path: str | os.PathLike, limit: int = METRICS_MAX_BYTES, w
             raise ResultsError(f"{path}: a symbolic link to {target}, outside the working directory; allowed: "
                                f"a regular file (or a link to one inside {Path.cwd()})")
     try:
-        # O_NONBLOCK: opening a FIFO must not wait for a writer; O_NOCTTY: a terminal is not adopted
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
+        data = read_regular(path, limit)
     except FileNotFoundError:
         raise ResultsError(f"{path}: no such {what}; rerun the workflow to produce it") from None
+    except NotRegularFile:
+        raise ResultsError(f"{path}: not a regular file (a directory, device, FIFO or socket); allowed: a {what}") from None
+    except FileTooLarge as exc:
+        raise ResultsError(f"{path}: {exc.size} bytes, larger than the {limit} bytes a {what} may have; {redo}") from None
     except OSError as exc:
         raise ResultsError(f"{path}: cannot open the {what}: {exc.strerror}") from None
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise ResultsError(f"{path}: not a regular file (a directory, device, FIFO or socket); allowed: a {what}")
-        if info.st_size > limit:
-            raise ResultsError(f"{path}: {info.st_size} bytes, larger than the {limit} bytes a {what} may have; {redo}")
-        with os.fdopen(fd, "rb", closefd=False) as fh:
-            data = fh.read(limit + 1)
-    finally:
-        os.close(fd)
-    if len(data) > limit:
-        raise ResultsError(f"{path}: larger than the {limit} bytes a {what} may have; {redo}")
     try:
         return json.loads(data.decode("utf-8"), parse_constant=_refuse_constant, parse_float=_finite_float)
     except UnicodeDecodeError as exc:

@@ -12,6 +12,7 @@ import os
 import re
 import shutil
 import socket
+import stat
 import tempfile
 import zlib
 from pathlib import Path
@@ -92,6 +93,49 @@ def clean_stale(folder: str | os.PathLike) -> list[str]:
                 os.unlink(entry.path)
         removed.append(entry.name)
     return removed
+
+
+def file_kind(mode: int) -> str:
+    """What a path that is not a regular file is, for messages ("a FIFO", ...)."""
+    for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"),
+                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device")):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+class NotRegularFile(OSError):
+    """read_regular: the path is a directory, FIFO, device or socket (its `st_mode` is kept)."""
+
+    def __init__(self, path: str | os.PathLike, mode: int):
+        super().__init__(f"{path}: {file_kind(mode)}, not a regular file")
+        self.filename, self.st_mode = str(path), mode
+
+
+class FileTooLarge(OSError):
+    """read_regular: the file holds more than `limit` bytes (`size` as fstat saw it, or more)."""
+
+    def __init__(self, path: str | os.PathLike, size: int, limit: int):
+        super().__init__(f"{path}: {size:,} bytes; allowed: at most {limit:,}")
+        self.filename, self.size, self.limit = str(path), size, limit
+
+
+def read_regular(path: str | os.PathLike, limit: int | None = None) -> bytes:
+    """The bytes of the regular file `path`, at most `limit` of them. Opened without blocking and
+    checked with fstat before one byte is read: a FIFO, device or socket named (or swapped in after
+    a check) never hangs or floods the reader (NotRegularFile); a larger file is FileTooLarge.
+    A missing or unreadable path raises the OSError of os.open, for the caller to word."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | getattr(os, "O_CLOEXEC", 0))
+    with os.fdopen(fd, "rb") as fh:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise NotRegularFile(path, st.st_mode)
+        if limit is not None and st.st_size > limit:
+            raise FileTooLarge(path, st.st_size, limit)
+        data = fh.read() if limit is None else fh.read(limit + 1)  # + 1: a file that grew since fstat
+    if limit is not None and len(data) > limit:
+        raise FileTooLarge(path, len(data), limit)
+    return data
 
 
 @contextlib.contextmanager

@@ -32,7 +32,6 @@ import inspect
 import json
 import os
 import shutil
-import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -42,7 +41,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from .. import __version__
-from ..io import canonical_json, clean_stale, derive_seed, fsync_dir, replace_dir, sha256_file, short_hash, staging_dir, write_json_atomic
+from ..io import (FileTooLarge, NotRegularFile, canonical_json, clean_stale, derive_seed, fsync_dir, read_regular, replace_dir,
+                  sha256_file, short_hash, staging_dir, write_json_atomic)
 from ..registry import ConfigError, resolve_params, show
 from .base import RawDataset
 from .partitioners import PARTITIONERS, split_client
@@ -365,23 +365,14 @@ def _read_regular(path: Path, limit: int | None = None) -> bytes:
     """The bytes of `path`, which must be a regular file (a FIFO, a device or a socket is refused
     before it is read: none could hang or flood the job); at most `limit` bytes."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+        return read_regular(path, limit)
     except FileNotFoundError:
         raise ShardChecksumError(f"{path}: listed in the manifest but missing; {REPARTITION}") from None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise _integrity(path, "not a regular file (a FIFO, device, socket or folder); a partition holds only "
-                             "the files it wrote: refused without reading it")
-        if limit is not None and st.st_size > limit:
-            raise _integrity(path, f"{st.st_size:,} bytes; allowed: at most {limit:,}")
-        chunks, left = [], st.st_size
-        while left > 0 and (block := os.read(fd, min(left, 1 << 24))):
-            chunks.append(block)
-            left -= len(block)
-        return b"".join(chunks)
-    finally:
-        os.close(fd)
+    except NotRegularFile:
+        raise _integrity(path, "not a regular file (a FIFO, device, socket or folder); a partition holds only "
+                         "the files it wrote: refused without reading it") from None
+    except FileTooLarge as exc:
+        raise _integrity(path, f"{exc.size:,} bytes; allowed: at most {exc.limit:,}") from None
 
 
 def read_manifest(part_dir: str | os.PathLike) -> dict[str, Any]:
