@@ -509,7 +509,8 @@ def fedrepro_cache_path(args, cells: list[dict], run: F):
     """Cache file of a seed: keyed by the resolved cell (method defaults included) minus its seed."""
     cell0 = copy.deepcopy(cells[0])
     cell0.pop("seed")
-    key = key_of(cell0)
+    device = getattr(args, "device", "cpu")
+    key = key_of(cell0 if device == "cpu" else {**cell0, "device": device})  # CPU keys as before
     label = fedrepro_label(run)
     return key, lambda s: args.work / "cache" / "fedrepro" / f"{label}__{key}__seed{s}.json"
 
@@ -524,17 +525,19 @@ def run_fedrepro(args, cells_list: list[dict], manifest: dict, shards: list, run
     cells = {c["seed"]: c for c in cells_list}
     key, path = fedrepro_cache_path(args, cells_list, run)
     rerun = args.rerun in ("fedrepro", "both")
-    torch.set_num_threads(1)
+    device = torch.device(getattr(args, "device", "cpu"))
+    if device.type == "cpu":
+        torch.set_num_threads(1)  # PFLlib's side runs with OMP_NUM_THREADS=1
     for s in seeds:
         if path(s).exists() and not rerun:
             continue
         cell = cells[s]
         print(f"[parity] fedrepro {run.method} {dict(run.hparams)} {dict(run.training) or ''} seed {s}", file=sys.stderr)
         set_determinism(cell["training"]["deterministic"])
-        clients = load_clients(manifest, shards, torch.device("cpu"))  # fresh client state per cell
+        clients = load_clients(manifest, shards, device)  # fresh client state per cell
         t0 = time.perf_counter()
         try:
-            metrics = Engine(cell, manifest, clients, torch.device("cpu"), progress=False).run()
+            metrics = Engine(cell, manifest, clients, device, progress=False).run()
         except Exception as exc:  # a broken method must not stop the other rows
             print(f"[parity]   fedrepro {run.method} seed {s} FAILED: {type(exc).__name__}: {exc}", file=sys.stderr)
             continue
@@ -698,6 +701,8 @@ def main(argv: list[str] | None = None) -> None:
                          "keeps each pair back to back)")
     ap.add_argument("--fedrepro-training", default="{}", metavar="JSON",
                     help='extra fedrepro training keys, e.g. \'{"channels_last": true}\' (cached apart: they change the cell)')
+    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                    help="both sides on this device (PFLlib's -dev; fedrepro's engine; cuda: benchmarks/gpu_session.sh)")
     ap.add_argument("--dataset", default="fmnist", help=argparse.SUPPRESS)
     ap.add_argument("--raw-root", default=None, help="raw data folder (default <work>/raw/<dataset>)")
     args = ap.parse_args(argv)
@@ -708,6 +713,7 @@ def main(argv: list[str] | None = None) -> None:
     args.work = args.work.resolve()
     args.pfllib = args.pfllib.resolve()
     args.seeds = sorted(set(args.seeds))
+    PFLLIB_FLAGS["device"] = args.device  # part of PFLlib's cache key: CPU and GPU runs are cached apart
 
     rows = ROWS
     if args.methods:

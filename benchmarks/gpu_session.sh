@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# One device call for issues 29 and 30 (docs/gpu.md, docs/throughput.md), at most ~9.5 minutes:
+#   1. benchmarks/gpu_check.sh (issue 29) with lower stage limits;
+#   2. issue 30, alone on the GPU:
+#      throughput_pfllib: benchmarks/gpu_throughput.py at PFLlib's protocol (20 clients, batch 10
+#        and 64; sequential, vectorized, compiled; centralized beside them) -> $OUT/throughput_pfllib.json;
+#      pfllib: benchmarks/parity_pfllib.py --device cuda: PFLlib (unchanged, carried in
+#        .pfllib/PFLlib/system, its extra wheels in .pfllib/whl) and fedrepro's engine on the same
+#        GPU, same data, evaluation every round, FedAvg and FedPer, 3 rounds, full data;
+#      pfllib_vectorized: the same fedrepro rows with training.vectorize (PFLlib's side cached);
+#      -> $OUT/parity.tar.gz (the parity tables/JSON and PFLlib's logs).
+# The device tool's run: command `bash benchmarks/gpu_session.sh`, carry [".whl", ".fmnist", ".pfllib"].
+set -uo pipefail
+cd "$(dirname "$0")/.."
+REPO=$PWD
+OUT=${OUT:?gpu_session.sh: set OUT}
+START=$(date +%s)
+DEADLINE=${GPU_SESSION_DEADLINE:-575}  # seconds after START by which everything has been written
+
+GPU_CHECK_T_TESTS=${GPU_CHECK_T_TESTS:-230} GPU_CHECK_T_WF_TEST=${GPU_CHECK_T_WF_TEST:-80} \
+  GPU_CHECK_T_WF_DEFAULT=${GPU_CHECK_T_WF_DEFAULT:-150} GPU_CHECK_T_THROUGHPUT=${GPU_CHECK_T_THROUGHPUT:-70} \
+  bash benchmarks/gpu_check.sh
+check_rc=$?
+echo "[gpu_session] gpu_check.sh exit $check_rc after $(($(date +%s) - START)) s"
+
+export PYTHONPATH=$REPO/src:/tmp/site CUBLAS_WORKSPACE_CONFIG=:4096:8 PYTHONUNBUFFERED=1
+[ -d "$REPO/.fmnist" ] && export FEDREPRO_FMNIST_DEBIAN_DIR=$REPO/.fmnist
+if compgen -G "$REPO/.pfllib/whl/*.whl" >/dev/null; then  # PFLlib's imports: cvxpy (serverpac), calmsize (mem_utils)
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site "$REPO"/.pfllib/whl/*.whl
+fi
+W=/tmp/gpu30
+LOGS=$W/logs
+mkdir -p "$LOGS"
+
+# run NAME LIMIT CMD...: CMD with min(LIMIT, time left before DEADLINE), output in $LOGS/NAME.log
+run() {
+  local name=$1 limit=$2 left rc=0
+  shift 2
+  left=$((DEADLINE - ($(date +%s) - START) - 10))
+  [ "$left" -lt "$limit" ] && limit=$left
+  if [ "$limit" -le 5 ]; then echo "[gpu_session] $name: skipped (no time left)"; return 0; fi
+  echo "[gpu_session] $name (at most $limit s)"
+  timeout --kill-after=5 "$limit" "$@" >"$LOGS/$name.log" 2>&1 || rc=$?
+  echo "[gpu_session] $name: exit $rc at $(($(date +%s) - START)) s"
+  tail -n 25 "$LOGS/$name.log"
+}
+
+run throughput_pfllib 150 python3 benchmarks/gpu_throughput.py --clients 20 --batch 10 64 --rounds 1 \
+  --paths sequential vectorized compiled --work "$W" --json "$OUT/throughput_pfllib.json"
+if ! python3 -c 'import cvxpy' 2>"$LOGS/cvxpy.log"; then
+  # only PFLlib's serverpac.py (FedPAC, not run here) uses cvxpy; main.py imports it for every algorithm
+  mkdir -p /tmp/stub/cvxpy && : >/tmp/stub/cvxpy/__init__.py && export PYTHONPATH=$PYTHONPATH:/tmp/stub
+  echo "[gpu_session] cvxpy does not import (logs/cvxpy.log): an empty stub module stands in for it"
+fi
+PARITY=(python3 benchmarks/parity_pfllib.py --pfllib "$REPO/.pfllib/PFLlib" --pfllib-python python3 --work "$W"
+  --device cuda --seeds 0 --rounds 3 --fraction 1)
+mkdir -p "$W/tables"
+for method in FedAvg FedPer; do  # one method at a time: FedAvg's pair is complete before FedPer starts
+  run "pfllib_$method" 110 "${PARITY[@]}" --methods "$method"
+  for f in "$W"/parity_f*_r3.*; do [ -e "$f" ] && cp "$f" "$W/tables/${method}_sequential_$(basename "$f")"; done
+  run "pfllib_${method}_vectorized" 30 "${PARITY[@]}" --methods "$method" --only fedrepro \
+    --fedrepro-training '{"vectorize": true}'
+  for f in "$W"/parity_f*_r3.*; do [ -e "$f" ] && cp "$f" "$W/tables/${method}_vectorized_$(basename "$f")"; done
+done
+(cd "$W" && tar -czf "$OUT/parity.tar.gz" tables logs cache 2>/dev/null)
+echo "[gpu_session] done after $(($(date +%s) - START)) s; gpu_check.sh exit $check_rc"
+exit $check_rc
