@@ -20,7 +20,7 @@ from ..methods.base import Batch, ClientFit, FitResult, select
 from ..models import SplitModel
 from .data import Client, Split
 from .optim import OPTIMIZERS
-from .vectorized import compiled_model, fit_many as fit_many_vectorized, vectorize_blocker
+from .vectorized import compiled_model, fit_many as fit_many_vectorized, replays_cuda_graphs, vectorize_blocker
 
 Params = dict[str, torch.Tensor]
 
@@ -79,8 +79,10 @@ def fit(engine, client: Client, *, epochs: int | None = None, trainable: Iterabl
     opt = engine.optimizer(params, lr)
     model = engine.model
     model.train()
-    # The compiled step replaces the standard forward; a custom loss reads features and logits.
-    forward = compiled_forward(engine) if engine.compile and loss_fn is None else None
+    # The compiled step replaces the standard forward; a custom loss reads features and logits,
+    # and CUDA-graph replays of a partly frozen model were wrong on a GPU (vectorized.py).
+    compiled = engine.compile and loss_fn is None and not (frozen and replays_cuda_graphs(engine.compile, engine.device))
+    forward = compiled_forward(engine) if compiled else None
     total = torch.zeros((), device=engine.device)
     seen, steps = 0, 0
     try:
