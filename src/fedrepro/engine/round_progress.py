@@ -49,5 +49,3 @@ class RoundProgress:
         self.live.close()
         if self.bar is not None:
             self.bar.close()
-
-
