@@ -136,16 +136,31 @@ def test_beta_schedules_on_hand_values():
 
 
 def test_fedgr_weights_on_hand_values():
-    losses, sizes, groups = [1.0, 2.0, 4.0], [1.0, 1.0, 2.0], [0, 0, 1]
-    # p = [.25, .25, .5]; group losses: g0 = (.25*1 + .25*2) / .5 = 1.5, g1 = 4
+    losses, sizes, groups = [1.0, 2.0, 4.0], [1.0, 3.0, 4.0], [0, 0, 1]
+    # p = [1/8, 3/8, 1/2]; group losses (paper Eq. 3, plain mean): g0 = (1 + 2) / 2 = 1.5, g1 = 4
     beta, q = 0.5, 1.0
-    raw = [0.25 * (1.0**0.5 * 1.5**0.5) ** 2, 0.25 * (2.0**0.5 * 1.5**0.5) ** 2, 0.5 * (4.0**0.5 * 4.0**0.5) ** 2]
+    p = [1 / 8, 3 / 8, 1 / 2]
+    raw = [p[0] * (1.0**0.5 * 1.5**0.5) ** 2, p[1] * (2.0**0.5 * 1.5**0.5) ** 2, p[2] * (4.0**0.5 * 4.0**0.5) ** 2]
     expected = torch.tensor(raw, dtype=torch.float64) / sum(raw)
     assert torch.allclose(fedgr_weights(losses, sizes, groups, beta, q), expected)
     # beta = 0, q = 0: FedAvg's p_k * L_k / normaliser; beta = 1: the group loss only
-    assert torch.allclose(fedgr_weights(losses, sizes, groups, 0.0, 0.0), torch.tensor([0.25, 0.5, 2.0], dtype=torch.float64) / 2.75)
+    assert torch.allclose(fedgr_weights(losses, sizes, groups, 0.0, 0.0),
+                          torch.tensor([1 / 8, 6 / 8, 2.0], dtype=torch.float64) / (23 / 8))
     w = fedgr_weights(losses, sizes, groups, 1.0, 0.0)
-    assert w[0] == pytest.approx(w[1].item())
+    assert w[0] / w[1] == pytest.approx(1 / 3)  # same group loss: the size ratio only
+
+
+def test_fedgr_group_loss_is_the_plain_mean_and_the_codes_size_weighting_is_an_option():
+    """Issue 27: Eq. 3's L~_i = (1/N_i) sum_j L_ij (the default); the code's data-size weighted mean
+    (utils/util.py communication) is `group_loss: size_weighted`."""
+    losses, sizes, groups, beta, q = [1.0, 2.0, 4.0], [1.0, 3.0, 4.0], [0, 0, 1], 1.0, 0.0
+    # beta = 1, q = 0: w_k ∝ p_k L~_g(k); plain g0 = 1.5, size-weighted g0 = (1 + 3 * 2) / 4 = 1.75
+    plain = torch.tensor([1 / 8 * 1.5, 3 / 8 * 1.5, 1 / 2 * 4.0], dtype=torch.float64)
+    weighted = torch.tensor([1 / 8 * 1.75, 3 / 8 * 1.75, 1 / 2 * 4.0], dtype=torch.float64)
+    assert torch.allclose(fedgr_weights(losses, sizes, groups, beta, q), plain / plain.sum())
+    assert torch.allclose(fedgr_weights(losses, sizes, groups, beta, q, "size_weighted"), weighted / weighted.sum())
+    with pytest.raises(ValueError, match="size_weighted"):
+        fedgr_weights(losses, sizes, groups, beta, q, "median")
 
 
 def test_clustering_accuracy_on_separable_representations():
@@ -206,18 +221,43 @@ def test_reweighting_and_customization_change_training(domain_partition, make_ce
         gcr_engine(domain_partition, make_cell, model={"gc_net": False}).run()
 
 
-def test_server_mixes_uploads_with_the_fedgr_weights(domain_partition, make_cell):
-    engine = gcr_engine(domain_partition, make_cell, rounds=2)
+@pytest.mark.parametrize("code", [False, True])
+def test_server_mixes_uploads_with_the_fedgr_weights(domain_partition, make_cell, code):
+    hp = {"group_loss": "size_weighted", "loss_at": "start"} if code else {}
+    engine = gcr_engine(domain_partition, make_cell, rounds=2, hparams=hp)
     method = engine.method
     method.setup()
     engine.round = 2
     updates = [method.local_update(c, method.broadcast(c)) for c in engine.clients]
     method.aggregate(updates)
     labels = [method.server["group_of"][u.client_id] for u in updates]
-    w = fedgr_weights([u.extras["loss"] for u in updates], [u.num_samples for u in updates], labels, beta_at(2), 1.0)
+    w = fedgr_weights([u.extras["loss"] for u in updates], [u.num_samples for u in updates], labels, beta_at(2), 1.0,
+                      "size_weighted" if code else "mean")
     for k, v in method.server["global"].items():
         expected = sum(float(wk) * u.params[k] for wk, u in zip(w, updates))
         assert torch.allclose(v, expected, atol=1e-6)
+
+
+def test_fedgcr_reports_the_local_training_loss_and_the_codes_start_loss_is_an_option(domain_partition, make_cell):
+    """Issue 27: Algorithm 1's LocalUpdate returns L, the loss of the local training (default
+    `loss_at: train`); the code's loss of the received model on the train split is `loss_at: start`."""
+    from fedrepro.methods._fair import global_loss
+
+    for loss_at in ("train", "start"):
+        engine = gcr_engine(domain_partition, make_cell, rounds=2, hparams={} if loss_at == "train" else {"loss_at": loss_at})
+        assert engine.method.hp["loss_at"] == loss_at
+        engine.training["local_epochs"] = 3  # the training loss then moves away from the received model's
+        method = engine.method
+        method.setup()
+        engine.round = 1
+        c = engine.clients[0]
+        payload = method.broadcast(c)
+        start = global_loss(engine, c, {k: v.clone() for k, v in payload.items()})
+        up = method.local_update(c, payload)
+        if loss_at == "train":
+            assert up.extras["loss"] == up.loss and up.extras["loss"] != pytest.approx(start, rel=1e-3)
+        else:
+            assert up.extras["loss"] == pytest.approx(start, rel=1e-6)
 
 
 def test_code_compat_loss_weights(domain_partition, make_cell):

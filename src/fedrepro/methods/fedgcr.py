@@ -26,7 +26,17 @@ Choices (methods.md §5, [RECON] / [PAPER≠CODE]):
   ([RECON]; the code uses the previous global model on its first 3 batches).
 - GMM: scikit-learn, `covariance` 'diag' by default (the code's 'full' is degenerate with d-dim
   representations and 10-27 clients), reg_covar 1e-6, random_state derived from the seed and round.
-- L_k is not quantised (the code's Ea_k = int(100 / L_k)); the group loss is data-size weighted (code).
+- L_k is the client's local training loss, the running mean over its local epochs of the loss it
+  minimises (Algorithm 1: LocalUpdate returns L; `loss_at: train`). [PAPER≠CODE] `loss_at: start`
+  is the code's: CE of the received global model on the whole train split (the code measures it
+  right after aggregation, `federated/train.py:364-368`, Ea_k = int(100 / L_k), and uses it in the
+  next aggregation); L_k is not quantised and round 1 uses the measured loss (the code: 1.0).
+- The group loss L~_i is the plain mean over the group's clients (Eq. 3, Algorithm 1 line 8;
+  `group_loss: mean`). [PAPER≠CODE] `group_loss: size_weighted` is the code's data-size weighted
+  mean (`utils/util.py:1129-1137`).
+- The head is linear: the code's DomainBed `Classifier(..., nonlinear_classifier=False)`
+  (`domainbed/hparams_registry.py:39`); the paper's text and Fig. 2 say "MLP classification head"
+  without its layers (methods.md §5, docs/parity.md "FedGCR and its baselines").
 - One fresh optimizer per round from `training.optimizer` (paper: AdamW, lr 1e-3); the code keeps a
   per-client AdamW with prompt lr 1e-2 across rounds.
 - Ablations (Table 5): `group_customization: false` is FedGR only: no GC-Net (the model's
@@ -45,7 +55,7 @@ from ..io import derive_seed
 from ..registry import ConfigError, Param
 from . import register
 from ._fair import LOSS_AT, LossWeighted, global_loss, mix
-from ._fedgr import (BETA_SCHEDULES, COVARIANCE_PARAM, beta_at, class_balanced_mean, cluster_clients, cluster_purity,
+from ._fedgr import (BETA_SCHEDULES, COVARIANCE_PARAM, GROUP_LOSSES, beta_at, class_balanced_mean, cluster_clients, cluster_purity,
                      fedgr_weights)
 from .base import Update, select
 from .moon import model_contrastive_loss
@@ -93,7 +103,13 @@ class FedGCR(LossWeighted):
         "covariance": COVARIANCE_PARAM,
         "reg_covar": Param(1e-6, "[RECON] GMM reg_covar (scikit-learn's default 1e-6, kept >= 1e-6 for a stable fit)",
                            float, minimum=1e-6, maximum=1.0),
-        "loss_at": LOSS_AT,
+        "group_loss": Param("mean", "L~_i of Eq. 3: 'mean' = plain mean of L_k over the group's clients (paper Eq. 3, "
+                                    "Algorithm 1); [PAPER≠CODE] 'size_weighted' = mean weighted by the clients' data sizes "
+                                    "(the code's utils/util.py communication)", str, choices=GROUP_LOSSES),
+        "loss_at": Param("train", "which loss L_k a client reports: 'train' = running mean of its local training loss "
+                                  "(paper Algorithm 1: LocalUpdate returns L); [PAPER≠CODE] 'start' = CE of the received "
+                                  "global model on its whole train split (the code's post-aggregation train loss, "
+                                  "federated/train.py Eas)", str, choices=LOSS_AT.choices),
     }
 
     models = ("prompted_vit",)
@@ -149,7 +165,7 @@ class FedGCR(LossWeighted):
         sizes = self.sizes(updates)
         if self.hp["group_reweighting"]:
             beta = beta_at(r, self.hp["beta_schedule"], self.hp["delta"], self.hp["gamma"])
-            weights = fedgr_weights(self.losses(updates), sizes, labels, beta, self.hp["q"])
+            weights = fedgr_weights(self.losses(updates), sizes, labels, beta, self.hp["q"], self.hp["group_loss"])
         else:
             weights = torch.as_tensor(sizes, dtype=torch.float64) / sum(sizes)
         self.server["global"] = {**self.server["global"], **mix(updates, weights)}
