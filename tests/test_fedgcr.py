@@ -62,6 +62,7 @@ def gcr_engine(domain_partition, make_cell, method="fedgcr", hparams=None, model
 def test_backbone_never_changes_and_never_travels(domain_partition, make_cell):
     for method in ("fedgcr", "fedavg"):
         engine = gcr_engine(domain_partition, make_cell, method=method, rounds=2)
+        engine.method.setup()  # FedGCR's setup puts its MLP head in place (run() repeats it: no change)
         before = {k: v.clone() for k, v in engine.model.state_dict().items()}
         metrics = engine.run()
         after = engine.model.state_dict()
@@ -267,6 +268,26 @@ def test_code_compat_loss_weights(domain_partition, make_cell):
     assert w_gc == pytest.approx(0.1 * (0.5 + 0.5 * 2 / 4)) and w_ra == pytest.approx(0.05) and tau_ra == 1.0
     paper = gcr_engine(domain_partition, make_cell).method._loss_weights()
     assert paper == (0.5, 0.1, 0.5)
+
+
+def test_fedgcr_head_is_the_papers_mlp_and_the_codes_linear_head_is_an_option(domain_partition, make_cell):
+    """Issue 27: the paper's "MLP classification head" (d -> d/2 -> d/4 -> C, the code's nonlinear
+    Classifier) is the default with the GC-Net; `head: linear` is the code's Linear(d, C); the
+    FedGR-only ablation keeps the baselines' linear head."""
+    def head_of(**hp):
+        engine = gcr_engine(domain_partition, make_cell, rounds=1, hparams=hp)
+        engine.run()
+        return engine.model.head, engine.method.server["global"]
+
+    mlp, params = head_of()
+    d = TINY_VIT["backbone_args"]["embed_dim"]
+    widths = [(m.in_features, m.out_features) for m in mlp if isinstance(m, torch.nn.Linear)]
+    assert widths == [(d, d // 2), (d // 2, d // 4), (d // 4, 4)]
+    assert "head.4.weight" in params  # it trains and travels
+    linear, params = head_of(head="linear")
+    assert isinstance(linear, torch.nn.Linear) and "head.weight" in params
+    ablation, _ = head_of(group_customization=False)
+    assert isinstance(ablation, torch.nn.Linear)
 
 
 # -- metrics for distinct client types ---------------------------------------------------------------

@@ -34,9 +34,13 @@ Choices (methods.md §5, [RECON] / [PAPER≠CODE]):
 - The group loss L~_i is the plain mean over the group's clients (Eq. 3, Algorithm 1 line 8;
   `group_loss: mean`). [PAPER≠CODE] `group_loss: size_weighted` is the code's data-size weighted
   mean (`utils/util.py:1129-1137`).
-- The head is linear: the code's DomainBed `Classifier(..., nonlinear_classifier=False)`
-  (`domainbed/hparams_registry.py:39`); the paper's text and Fig. 2 say "MLP classification head"
-  without its layers (methods.md §5, docs/parity.md "FedGCR and its baselines").
+- The head is an MLP (paper §Model Design, Fig. 2, Algorithm 1: "MLP classification head", phi):
+  `head: mlp` replaces the model's linear head by the code's own nonlinear head, DomainBed's
+  `Classifier(d, C, is_nonlinear=True)` = Linear(d, d/2) ReLU Linear(d/2, d/4) ReLU Linear(d/4, C)
+  (`utils/networks.py:275-283`; [RECON] the paper gives no layers). [PAPER≠CODE] `head: linear`
+  keeps the model's Linear(d, C), the code's default (`nonlinear_classifier: False`,
+  `domainbed/hparams_registry.py:39`). The FedGR-only ablation keeps the baselines' linear head
+  (the code's mode 'ablation' runs the baselines' VPT model).
 - One fresh optimizer per round from `training.optimizer` (paper: AdamW, lr 1e-3); the code keeps a
   per-client AdamW with prompt lr 1e-2 across rounds.
 - Ablations (Table 5): `group_customization: false` is FedGR only: no GC-Net (the model's
@@ -62,6 +66,7 @@ from .moon import model_contrastive_loss
 
 MESSAGE = "fedgcr/"  # payload entries that are not model parameters (cluster centres, cluster id)
 LOSS_FORMS = ("paper", "code_compat")
+HEADS = ("mlp", "linear")
 CODE_W_CON, CODE_RA_WEIGHT = 0.1, 0.5  # the code's w_con and its 0.5 on l_RA
 
 
@@ -74,6 +79,14 @@ def group_contrastive_loss(h: torch.Tensor, centres: torch.Tensor, own: int, rep
         refs = torch.cat([refs, rep_prev.unsqueeze(0)])
     logits = F.cosine_similarity(h.unsqueeze(1), refs.unsqueeze(0).to(h), dim=2, eps=1e-8) / tau
     return F.cross_entropy(logits, torch.zeros(len(h), dtype=torch.long, device=h.device))
+
+
+def mlp_head(linear: torch.nn.Linear) -> torch.nn.Module:
+    """The MLP classification head phi in place of `linear` (d -> C): DomainBed's nonlinear
+    Classifier, d -> d/2 -> d/4 -> C with ReLUs (the code's utils/networks.py:275-283)."""
+    d, c = linear.in_features, linear.out_features
+    return torch.nn.Sequential(torch.nn.Linear(d, d // 2), torch.nn.ReLU(), torch.nn.Linear(d // 2, d // 4), torch.nn.ReLU(),
+                               torch.nn.Linear(d // 4, c))
 
 
 @register
@@ -103,6 +116,11 @@ class FedGCR(LossWeighted):
         "covariance": COVARIANCE_PARAM,
         "reg_covar": Param(1e-6, "[RECON] GMM reg_covar (scikit-learn's default 1e-6, kept >= 1e-6 for a stable fit)",
                            float, minimum=1e-6, maximum=1.0),
+        "head": Param("mlp", "classification head phi with the GC-Net: 'mlp' = Linear(d, d/2) ReLU Linear(d/2, d/4) ReLU "
+                             "Linear(d/4, C) (paper: 'MLP classification head'; layers [RECON] from the code's DomainBed "
+                             "nonlinear Classifier); [PAPER≠CODE] 'linear' = the model's Linear(d, C) (the code's default, "
+                             "nonlinear_classifier False). FedGR only (group_customization false) keeps the linear head",
+                      str, choices=HEADS),
         "group_loss": Param("mean", "L~_i of Eq. 3: 'mean' = plain mean of L_k over the group's clients (paper Eq. 3, "
                                     "Algorithm 1); [PAPER≠CODE] 'size_weighted' = mean weighted by the clients' data sizes "
                                     "(the code's utils/util.py communication)", str, choices=GROUP_LOSSES),
@@ -132,6 +150,8 @@ class FedGCR(LossWeighted):
             raise ConfigError("method 'fedgcr': needs the model 'prompted_vit' (prompts, GC-Net, frozen ViT); allowed "
                               "model: prompted_vit")
         model.use_type_prompt(self.hp["group_customization"])  # before the server copies the trainable part
+        if self.hp["group_customization"] and self.hp["head"] == "mlp" and isinstance(model.head, torch.nn.Linear):
+            model.head = mlp_head(model.head).to(next(model.head.parameters()).device)
         super().setup()
         self.server["cluster_acc"] = []  # [round, accuracy] per round (when the clients' types are known)
         types = {c.client_type for c in self.engine.clients}
