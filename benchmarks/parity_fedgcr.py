@@ -95,7 +95,8 @@ REF_WIDTH = 768  # the code's hard-coded feature width (utils/util.py:1009)
 # code's choices (None: no option differs); the R side runs fedrepro's client of `f` + `code`.
 # --------------------------------------------------------------------------------------------
 
-CODE_FEDGCR = {"group_loss": "size_weighted", "loss_at": "start", "beta_schedule": "code", "loss_form": "code_compat"}
+CODE_FEDGCR = {"group_loss": "size_weighted", "loss_at": "start", "beta_schedule": "code", "loss_form": "code_compat",
+               "head": "linear"}
 
 
 @dataclass(frozen=True)
@@ -125,9 +126,9 @@ ROWS = [
     row("FedGCR", "fedgcr", "fedgcr", code=CODE_FEDGCR),
     # FedGR only: the code's mode 'ablation' (GMM on all_feat, the same weights, no GC losses).
     row("FedGR only", "ablation", "fedgcr", {"group_customization": False},
-        code={k: v for k, v in CODE_FEDGCR.items() if k != "loss_form"}),
+        code={k: v for k, v in CODE_FEDGCR.items() if k not in ("loss_form", "head")}),
     # FedGC only: the code's mode 'only_dcnet' (clusters for l_GC, weights = client_weights).
-    row("FedGC only", "only_dcnet", "fedgcr", {"group_reweighting": False}, code={"loss_form": "code_compat"}),
+    row("FedGC only", "only_dcnet", "fedgcr", {"group_reweighting": False}, code={"loss_form": "code_compat", "head": "linear"}),
 ]
 
 # What the server of these modes aggregates in the code: FedSAM, HarmoFL and FedMix use the
@@ -482,7 +483,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--methods", nargs="+", default=None, help="rows: " + ", ".join(r.name for r in ROWS))
     ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     ap.add_argument("--rounds", type=int, default=10)
-    ap.add_argument("--sides", nargs="+", default=["F", "F/code", "R"], choices=("F", "F/code", "R"))
+    ap.add_argument("--sides", nargs="+", default=["F", "F/code", "R"], choices=("F", "F/code", "R"),
+                    help="sides to run (F of a row without code options always runs: it is R's pair); F's cells are "
+                         "fedgcr_cpu's own cells, so `--sides F/code R` with fedgcr_cpu's results saves a third")
     ap.add_argument("--rerun", action="store_true", help="recompute cached runs")
     args = ap.parse_args(argv)
     args.work = args.work.resolve()
@@ -507,7 +510,7 @@ def main(argv: list[str] | None = None) -> None:
     cfg["methods"] = {}
     labels = {}
     for side, r, method, hp in runs_of(rows):
-        if side not in args.sides:
+        if side not in args.sides and not (side == "F" and r.code is None):  # F is FedAvg's only pair
             continue
         label = f"{side}_{r.name}".replace("/", "_").replace(" ", "_").replace("-", "").lower()
         cfg["methods"][label] = {"method": method, "hparams": hp}
@@ -526,6 +529,10 @@ def main(argv: list[str] | None = None) -> None:
           "equal to fedrepro's tensors", file=sys.stderr)
 
     results = {}
+    for cell in exp["cells"]:  # the proxy backbone's path is relative to the repository; the runs work in fed_dir
+        w = cell["model"]["params"].get("weights")
+        if isinstance(w, str) and w.endswith((".pt", ".pth", ".safetensors")) and not os.path.isabs(w):
+            cell["model"]["params"]["weights"] = str(REPO / w)
     os.chdir(fed_dir)  # write_log's ../logs/ lands in the work dir
     for cell in exp["cells"]:
         side, r = labels[cell["label"]]
