@@ -396,17 +396,38 @@ def runs_of(rows: list[Row]) -> list[tuple[str, Row, str, dict]]:
     return out
 
 
-def run_cell(cell: dict, manifest: dict, shards: list) -> dict:
+def code_amplitude_normalize(x, amplitude):
+    """The code's AmpNorm on a batch (utils/amp_utils.pyx:41-61 with mutate/normalize, L = 0): the
+    low-frequency window of the fftshifted amplitude has half-width b = floor(min(H, W) * L) = 0, so
+    only the zero-frequency (DC) amplitude of each image is replaced by the shared one; the rest of
+    its amplitude and its phase stay. (fedrepro's amplitude_normalize replaces the whole spectrum.)"""
+    import torch
+
+    f = torch.fft.fft2(x)
+    amp, phase = f.abs(), torch.angle(f)
+    amp = amp.clone()
+    amp[..., 0, 0] = amplitude[..., 0, 0]
+    return torch.fft.ifft2(torch.polar(amp, phase)).real
+
+
+def run_cell(cell: dict, manifest: dict, shards: list, amp_dc: bool = False) -> dict:
     import torch
 
     from fedrepro.engine.data import load_clients
     from fedrepro.engine.engine import Engine
     from fedrepro.engine.run import set_determinism
 
+    import fedrepro.models.prompted_vit as pv
+
     set_determinism(cell["training"]["deterministic"])
     clients = load_clients(manifest, shards, torch.device("cpu"))
     t0 = time.perf_counter()
-    metrics = Engine(cell, manifest, clients, torch.device("cpu"), progress=False).run()
+    original = pv.amplitude_normalize
+    pv.amplitude_normalize = code_amplitude_normalize if amp_dc else original
+    try:
+        metrics = Engine(cell, manifest, clients, torch.device("cpu"), progress=False).run()
+    finally:
+        pv.amplitude_normalize = original
     wall = time.perf_counter() - t0
     res = metrics["resources"]
     types = metrics["summary"].get("global_types", {})
@@ -487,9 +508,14 @@ def main(argv: list[str] | None = None) -> None:
                     help="sides to run (F of a row without code options always runs: it is R's pair); F's cells are "
                          "fedgcr_cpu's own cells, so `--sides F/code R` with fedgcr_cpu's results saves a third")
     ap.add_argument("--rerun", action="store_true", help="recompute cached runs")
+    ap.add_argument("--harmofl-probe", action="store_true",
+                    help="instead of the rows: fedrepro's HarmoFL with its amplitude normalisation (whole spectrum) and "
+                         "with the code's (the DC amplitude only, utils/amp_utils.pyx L = 0), fedgcr_cpu otherwise")
     args = ap.parse_args(argv)
     args.work = args.work.resolve()
     rows = [r for r in ROWS if not args.methods or r.name.lower() in {m.lower() for m in args.methods}]
+    if args.harmofl_probe:
+        rows = [row("HarmoFL", "harmo-fl", "harmofl", code={})]
     if args.methods and len(rows) != len(args.methods):
         ap.error(f"unknown --methods; rows: {', '.join(r.name for r in ROWS)}")
 
@@ -510,9 +536,13 @@ def main(argv: list[str] | None = None) -> None:
     cfg["methods"] = {}
     labels = {}
     for side, r, method, hp in runs_of(rows):
-        if side not in args.sides and not (side == "F" and r.code is None):  # F is FedAvg's only pair
+        if args.harmofl_probe and side == "R":
+            continue
+        if side not in args.sides and not args.harmofl_probe and not (side == "F" and r.code is None):  # F is FedAvg's only pair
             continue
         label = f"{side}_{r.name}".replace("/", "_").replace(" ", "_").replace("-", "").lower()
+        if args.harmofl_probe and side == "F/code":
+            label = "f_code_ampdc_harmofl"  # same cell as F; the label keeps its cache apart
         cfg["methods"][label] = {"method": method, "hparams": hp}
         labels[label] = (side, r)
     exp = resolve_experiment(cfg)
@@ -546,7 +576,7 @@ def main(argv: list[str] | None = None) -> None:
         old = sys.stdout
         sys.stdout = open(os.devnull, "w")  # the reference prints every key it aggregates
         try:
-            rec = run_cell(cell, manifest, shards)
+            rec = run_cell(cell, manifest, shards, amp_dc=cell["label"] == "f_code_ampdc_harmofl")
         finally:
             sys.stdout.close()
             sys.stdout = old
@@ -556,7 +586,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"[parity]   Avg {rec['avg']:.4f} acc {rec['acc']:.4f} {rec['s_per_round']:.2f} s/round", file=sys.stderr)
     os.chdir(REPO)
     md = table(rows, results, args)
-    out = args.work / f"parity_fedgcr_r{args.rounds}.md"
+    out = args.work / f"parity_fedgcr{'_harmofl_probe' if args.harmofl_probe else ''}_r{args.rounds}.md"
     out.write_text(md)
     write_json(out.with_suffix(".json"), {"rows": [r.name for r in rows], "runs": list(results.values())})
     print(md)
