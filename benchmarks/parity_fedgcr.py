@@ -396,38 +396,17 @@ def runs_of(rows: list[Row]) -> list[tuple[str, Row, str, dict]]:
     return out
 
 
-def code_amplitude_normalize(x, amplitude):
-    """The code's AmpNorm on a batch (utils/amp_utils.pyx:41-61 with mutate/normalize, L = 0): the
-    low-frequency window of the fftshifted amplitude has half-width b = floor(min(H, W) * L) = 0, so
-    only the zero-frequency (DC) amplitude of each image is replaced by the shared one; the rest of
-    its amplitude and its phase stay. (fedrepro's amplitude_normalize replaces the whole spectrum.)"""
-    import torch
-
-    f = torch.fft.fft2(x)
-    amp, phase = f.abs(), torch.angle(f)
-    amp = amp.clone()
-    amp[..., 0, 0] = amplitude[..., 0, 0]
-    return torch.fft.ifft2(torch.polar(amp, phase)).real
-
-
-def run_cell(cell: dict, manifest: dict, shards: list, amp_dc: bool = False) -> dict:
+def run_cell(cell: dict, manifest: dict, shards: list) -> dict:
     import torch
 
     from fedrepro.engine.data import load_clients
     from fedrepro.engine.engine import Engine
     from fedrepro.engine.run import set_determinism
 
-    import fedrepro.models.prompted_vit as pv
-
     set_determinism(cell["training"]["deterministic"])
     clients = load_clients(manifest, shards, torch.device("cpu"))
     t0 = time.perf_counter()
-    original = pv.amplitude_normalize
-    pv.amplitude_normalize = code_amplitude_normalize if amp_dc else original
-    try:
-        metrics = Engine(cell, manifest, clients, torch.device("cpu"), progress=False).run()
-    finally:
-        pv.amplitude_normalize = original
+    metrics = Engine(cell, manifest, clients, torch.device("cpu"), progress=False).run()
     wall = time.perf_counter() - t0
     res = metrics["resources"]
     types = metrics["summary"].get("global_types", {})
@@ -461,6 +440,8 @@ def table(rows: list[Row], results: dict, args) -> str:
         pair = "F/code" if "F/code" in stats else "F"
         for side, method, hp in sides:
             st = stats[side]
+            if st["n"] == 0:
+                continue
             cells = []
             for m in METRICS:
                 mu, sd = st[m]
@@ -509,13 +490,13 @@ def main(argv: list[str] | None = None) -> None:
                          "fedgcr_cpu's own cells, so `--sides F/code R` with fedgcr_cpu's results saves a third")
     ap.add_argument("--rerun", action="store_true", help="recompute cached runs")
     ap.add_argument("--harmofl-probe", action="store_true",
-                    help="instead of the rows: fedrepro's HarmoFL with its amplitude normalisation (whole spectrum) and "
-                         "with the code's (the DC amplitude only, utils/amp_utils.pyx L = 0), fedgcr_cpu otherwise")
+                    help="instead of the rows: fedrepro's HarmoFL with amplitude: spectrum (F) and amplitude: dc (F/code: "
+                         "the code's AmpNorm, utils/amp_utils.pyx at L = 0); the code's HarmoFL client cannot run (224 px)")
     args = ap.parse_args(argv)
     args.work = args.work.resolve()
     rows = [r for r in ROWS if not args.methods or r.name.lower() in {m.lower() for m in args.methods}]
     if args.harmofl_probe:
-        rows = [row("HarmoFL", "harmo-fl", "harmofl", code={})]
+        rows = [row("HarmoFL", "harmo-fl", "harmofl", code={"amplitude": "dc"})]
     if args.methods and len(rows) != len(args.methods):
         ap.error(f"unknown --methods; rows: {', '.join(r.name for r in ROWS)}")
 
@@ -541,8 +522,6 @@ def main(argv: list[str] | None = None) -> None:
         if side not in args.sides and not args.harmofl_probe and not (side == "F" and r.code is None):  # F is FedAvg's only pair
             continue
         label = f"{side}_{r.name}".replace("/", "_").replace(" ", "_").replace("-", "").lower()
-        if args.harmofl_probe and side == "F/code":
-            label = "f_code_ampdc_harmofl"  # same cell as F; the label keeps its cache apart
         cfg["methods"][label] = {"method": method, "hparams": hp}
         labels[label] = (side, r)
     exp = resolve_experiment(cfg)
@@ -576,7 +555,7 @@ def main(argv: list[str] | None = None) -> None:
         old = sys.stdout
         sys.stdout = open(os.devnull, "w")  # the reference prints every key it aggregates
         try:
-            rec = run_cell(cell, manifest, shards, amp_dc=cell["label"] == "f_code_ampdc_harmofl")
+            rec = run_cell(cell, manifest, shards)
         finally:
             sys.stdout.close()
             sys.stdout = old
