@@ -8,7 +8,7 @@
 What runs on each side. The reference's `federated/train.py` cannot run end to end here: its
 models need ImageNet weights (torchvision `vit_b_16(pretrained=True)` for FedGCR,
 `../pretrained/imagenet21k_ViT-B_16.npz` for the baselines' VPT), its feature width 768 is
-hard-coded in five places (`utils/prompt_vit.py` m2featdim, `utils/util.py` cluster_avg_feat /
+hard-coded in six places (`utils/prompt_vit.py` m2featdim, `utils/util.py` cluster_avg_feat /
 agg_feat / get_domain_idx, `utils/doprompt.py` mlp_dim), HarmoFL's amplitude buffer is fixed at
 3x224x224 (`utils/prompt_vit.py:77`), and a 768-wide ViT at 224 px over 10 methods x 3 seeds is
 hours on 2 CPU cores. What runs unchanged is the part that decides every difference the CPU
