@@ -8,7 +8,8 @@ Cheng et al., "FedGCR", AAAI 2024, §"Group Customization" and methods.md §5.1:
 * GC-Net: Linear(d -> 4d) -> ReLU -> Linear(4d -> d) maps the prompt-free CLS embedding r of a
   sample to its type-specific prompt h; every global prompt of *that sample* becomes p_j + h
   (the paper's semantics; the code's `repeat(P, 1).reshape(B, P, d)` mixes samples, not copied);
-* head: Linear(d -> C) (the code's `nonlinear_classifier=False`).
+* head: Linear(d -> C) (the code's `nonlinear_classifier=False`); FedGCR replaces it by the paper's MLP
+  head unless `head: linear` (methods/fedgcr.py).
 
 Only the prompts, the GC-Net and the head train: `SplitModel.frozen_prefixes` names the backbone,
 so `Engine.get_params` never returns it and no method ever sends it (communication bytes count the
