@@ -290,6 +290,24 @@ def test_fedgcr_head_is_the_papers_mlp_and_the_codes_linear_head_is_an_option(do
     assert isinstance(ablation, torch.nn.Linear)
 
 
+def test_fedgcr_with_its_mlp_head_resumes_to_the_same_metrics(domain_partition, make_cell, tmp_path, monkeypatch):
+    """The MLP head is put in place by setup(): a run killed in round 3 and resumed from its
+    checkpoint ends with the metrics of an uninterrupted run."""
+    from conftest import kill_in_round_3_and_resume
+    from fedrepro.engine.run import train_cell
+
+    engine = gcr_engine(domain_partition, make_cell, rounds=3)
+    manifest, _ = load_partition(domain_partition)
+    cell = {**engine.cell, "partition_id": manifest["partition_id"],
+            "training": {**engine.cell["training"], "checkpoint_every": 1}}
+    whole = train_cell(cell, domain_partition, tmp_path / "whole", device="cpu", progress=False)
+    ckpt = tmp_path / "ckpt.pt"
+    run = lambda: train_cell(cell, domain_partition, tmp_path / "resumed", checkpoint=ckpt, device="cpu", progress=False)
+    resumed = kill_in_round_3_and_resume(monkeypatch, "fedgcr", run, ckpt, tmp_path / "resumed")
+    strip = lambda m: {k: v for k, v in m.items() if k != "resources"}
+    assert strip(resumed) == strip(whole)
+
+
 # -- metrics for distinct client types ---------------------------------------------------------------
 
 def test_type_summary_on_hand_values():
