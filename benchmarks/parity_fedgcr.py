@@ -23,7 +23,10 @@ communication()` ("R", imported from a copy of the checkout, called with the arg
   * R      the client side of F/code, the reference's server.
 
 R against F/code tests fedrepro's implementation of the code's server; F against F/code shows
-what the paper's choices change. The clients' training and data are identical in R and F/code by
+what the paper's choices change. FedSAM, HarmoFL and FedMix, whose server in the code is its
+FedAvg branch, swap the other half instead: R runs the code's own client functions
+(`utils/util.py` train_fedsam / train_harmofl / train_fedmix, with its SAM, WPOptim and
+agg_smash_data) on fedrepro's model and client tensors, and fedrepro's FedAvg / HarmoFL server. The clients' training and data are identical in R and F/code by
 construction; the export (below) proves the data are the reference's format.
 
 Shims (the smallest that let `communication()` run on fedrepro's models; the reference's files
@@ -46,6 +49,12 @@ are copied, never edited):
      AFL, TERM) = the local training loss (`train.py:337-338`), fedrepro's `loss_at: train`;
   5. the GMM's randomness: the code leaves sklearn's GaussianMixture unseeded (numpy's global
      stream, seeded once by train.py:133); here np.random.seed(seed) once per run.
+  6. the client rows: the code's functions get a DataLoader over the client's tensors (batch 32,
+     shuffled by a seeded generator), fedgcr_cpu's AdamW (lr 3e-3, wd 1e-4) as SAM's / WPOptim's
+     base optimiser and FedMix's optimiser (the code: Adam lr 1e-2 / AdamW lr 1e-3; the same
+     hyper-parameters on both sides), train_fedmix under torch's math attention kernel (its input
+     gradient is trained through, which the fused CPU kernel cannot), tqdm silenced; HarmoFL's
+     amplitude is fedrepro's model's with `amplitude: dc`, the code's AmpNorm.
 
 Data: fedgcr_cpu's `shifted_domains` DIF-5 partition (13 clients of 5 types), read from the
 workflow's shards (results/shards/...; `snakemake --configfile config/papers/fedgcr_cpu.yaml
@@ -131,9 +140,20 @@ ROWS = [
     row("FedGC only", "only_dcnet", "fedgcr", {"group_reweighting": False}, code={"loss_form": "code_compat", "head": "linear"}),
 ]
 
-# What the server of these modes aggregates in the code: FedSAM, HarmoFL and FedMix use the
-# n_k-weighted mean of the FedAvg branch (HarmoFL adds its amplitude buffer), so only their
-# client steps differ from FedAvg; those are not run against the reference here (docs/parity.md).
+# FedSAM, HarmoFL and FedMix: the code's server is its FedAvg branch (HarmoFL adds its amplitude
+# buffer), so what differs is the client step. Their R side runs the code's own client functions
+# (utils/util.py train_fedsam / train_harmofl / train_fedmix with utils/sam.py SAM,
+# utils/weight_perturbation.py WPOptim, utils/aggregate.py agg_smash_data) on fedrepro's model and
+# client tensors, with fedgcr_cpu's optimiser as their base optimiser, and fedrepro's FedAvg /
+# HarmoFL server (the FedAvg row shows it equal to the code's).
+CLIENT_ROWS = [
+    # FedSAM: train.py:286 SAM(base Adam, lr) with rho 0.05, util.py:563-589.
+    row("FedSAM", "fedsam", "fedsam"),
+    # HarmoFL: train.py:284 WPOptim(base Adam, alpha 0.05, wd 1e-4), util.py:743-776; the code's AmpNorm = amplitude dc.
+    row("HarmoFL", "harmo-fl", "harmofl", code={"amplitude": "dc"}),
+    # FedMix: train.py:265-266, 330-331 (lamb 0.05, the pooled pair means of agg_smash_data), util.py:813-850.
+    row("FedMix", "fedmix", "fedmix"),
+]
 
 
 # --------------------------------------------------------------------------------------------
@@ -341,6 +361,95 @@ def register_reference_methods(util) -> None:
             if updates:
                 call(self, updates)
 
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from fedrepro.methods.base import Update
+    from fedrepro.methods.harmofl import HarmoFL
+    from fedrepro.models.prompted_vit import AMPLITUDE_KEY, mean_amplitude
+
+    def ref_fit(method, client, mode: str) -> float:
+        """One local epoch of the code's client function for `mode` on fedrepro's model (shim 6)."""
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        from utils.sam import SAM
+        from utils.weight_perturbation import WPOptim
+
+        engine = method.engine
+        model = engine.model
+        cfg = engine.training["optimizer"]
+        base, kw = torch.optim.AdamW, {"lr": engine.lr, "weight_decay": cfg["weight_decay"]}
+        params = [p for p in model.parameters() if p.requires_grad]
+        g = engine.generator("ref-client-batches", engine.round, client.id)
+        loader = DataLoader(TensorDataset(client.train.x, client.train.y), batch_size=engine.training["batch_size"],
+                            shuffle=True, generator=g)
+        loss_fun = torch.nn.CrossEntropyLoss()
+        device = engine.device
+        if mode == "fedsam":
+            loss, _ = util.train_fedsam(model, loader, SAM(params, base_optimizer=base, **kw), loss_fun, device)
+        elif mode == "harmo-fl":
+            loss, _ = util.train_harmofl(ref_args(mode, engine.seed, 0), model, loader,
+                                         WPOptim(params=params, base_optimizer=base, alpha=0.05, **kw), loss_fun, device)
+        else:  # fedmix: the double backward through attention needs the math kernel
+            xg, yg = method.server["ref_pool"]
+            with sdpa_kernel(SDPBackend.MATH):
+                loss, _ = util.train_fedmix(model, xg, yg, 0.05, loader, base(params, **kw), loss_fun, device)
+        return float(loss)
+
+    @register
+    class RefClient(LossWeighted):
+        name = "ref_client"
+        summary = "benchmarks/parity_fedgcr.py: the FedGCR code's client step (FedSAM / FedMix), fedrepro's FedAvg server"
+        hparams = {"ref_mode": Param("fedsam", "the reference's --mode", str), "loss_at": LOSS_AT}
+
+        def setup(self):
+            super().setup()
+            if self.hp["ref_mode"] == "fedmix":  # train.py:265-266, before round 1, from every client's train loader
+                engine = self.engine
+                loaders = [DataLoader(TensorDataset(c.train.x, c.train.y), batch_size=engine.training["batch_size"],
+                                      shuffle=True, generator=engine.generator("ref-fedmix-pool", c.id))
+                           for c in engine.clients]
+                args = pytypes.SimpleNamespace(num_classes=engine.num_classes)
+                self.server["ref_pool"] = self.ref_smash(args, loaders)
+
+        @staticmethod
+        def ref_smash(args, loaders):
+            from utils.aggregate import agg_smash_data
+
+            return agg_smash_data(args, None, loaders)
+
+        def local_update(self, client, payload):
+            self.engine.set_params(payload)
+            loss = ref_fit(self, client, self.hp["ref_mode"])
+            return Update(client.id, client.num_train, self.engine.get_params(self.shared), extras={"loss": loss}, loss=loss)
+
+        def aggregate(self, updates):
+            from fedrepro.methods.base import weighted_average
+
+            if updates:
+                self.server["global"] = {**self.server["global"], **weighted_average(updates)}
+
+    @register
+    class RefClientHarmoFL(HarmoFL):
+        name = "ref_client_harmofl"
+        summary = "benchmarks/parity_fedgcr.py: the FedGCR code's HarmoFL client step (WPOptim), fedrepro's amplitude and server"
+        hparams = {**HarmoFL.hparams, "ref_mode": Param("harmo-fl", "the reference's --mode", str)}
+
+        def local_update(self, client, payload):  # HarmoFL.local_update with the code's client step
+            engine = self.engine
+            engine.set_params(payload)
+            first = engine.round <= 1
+            if first:
+                engine.set_params({AMPLITUDE_KEY: mean_amplitude(client.train.x)})
+            else:
+                if AMPLITUDE_KEY in payload:
+                    client.state["amplitude"] = payload[AMPLITUDE_KEY].clone()
+                engine.set_params({AMPLITUDE_KEY: client.state["amplitude"]})
+            loss = ref_fit(self, client, "harmo-fl")
+            params = engine.get_params(self.shared)
+            if not first:
+                params.pop(AMPLITUDE_KEY, None)
+            return Update(client.id, client.num_train, params, loss=loss)
+
     @register
     class RefServerGCR(FedGCR):
         name = "ref_server_gcr"
@@ -388,6 +497,11 @@ def runs_of(rows: list[Row]) -> list[tuple[str, Row, str, dict]]:
         out.append(("F", r, r.method, dict(r.hparams)))
         if r.code is not None:
             out.append(("F/code", r, r.method, {**dict(r.hparams), **dict(r.code)}))
+        if r.mode in ("fedsam", "harmo-fl", "fedmix"):
+            ref_method = "ref_client_harmofl" if r.mode == "harmo-fl" else "ref_client"
+            ref_hp = {**({"amplitude": "dc"} if r.mode == "harmo-fl" else {}), "ref_mode": r.mode}
+            out.append(("R", r, ref_method, ref_hp))
+            continue
         ref_method = "ref_server_gcr" if r.method == "fedgcr" else "ref_server_fair"
         ref_hp = {**dict(r.hparams), **dict(r.code or {}), "ref_mode": r.mode}
         if ref_method == "ref_server_fair":
@@ -424,8 +538,9 @@ LABELS = {"avg": "Avg", "sigma_type": "σ_type", "sigma_client": "σ_client", "a
 def table(rows: list[Row], results: dict, args) -> str:
     lines = [f"fedgcr_cpu data (shifted_domains, DIF 5, 13 clients of 5 types), {args.rounds} rounds, seeds "
              f"{' '.join(map(str, args.seeds))}; % after the last round, mean ± sample std over seeds; F = fedrepro "
-             "(paper defaults), F/code = fedrepro with the code's options, R = F/code's clients + the reference's "
-             "server (utils/util.py communication); flag ≠ (R vs F/code, on Avg and acc): |diff| > max(2 × larger "
+             "(paper defaults), F/code = fedrepro with the code's options, R = the reference's server (utils/util.py "
+             "communication) on F/code's clients, or for FedSAM, HarmoFL, FedMix the reference's client step "
+             "(train_fedsam / train_harmofl / train_fedmix) with fedrepro's FedAvg server; flag ≠ (R vs F/code, on Avg and acc): |diff| > max(2 × larger "
              "std, 1 pp); s/round: fedrepro's clock on each side.\n"]
     head = "| method | side | hparams | Avg | σ_type | σ_client | acc | cluster acc | s/round | R − F/code (Avg, acc) | flag |"
     lines += [head, "|---" * (head.count("|") - 1) + "|"]
@@ -482,27 +597,24 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--fedgcr", type=Path, required=True, help="a celinezheng/fedgcr checkout (only read)")
     ap.add_argument("--work", type=Path, default=Path("/tmp/fedrepro-parity-fedgcr"))
-    ap.add_argument("--methods", nargs="+", default=None, help="rows: " + ", ".join(r.name for r in ROWS))
+    ap.add_argument("--methods", nargs="+", default=None, help="rows: " + ", ".join(r.name for r in ROWS + CLIENT_ROWS))
     ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     ap.add_argument("--rounds", type=int, default=10)
     ap.add_argument("--sides", nargs="+", default=["F", "F/code", "R"], choices=("F", "F/code", "R"),
                     help="sides to run (F of a row without code options always runs: it is R's pair); F's cells are "
                          "fedgcr_cpu's own cells, so `--sides F/code R` with fedgcr_cpu's results saves a third")
     ap.add_argument("--rerun", action="store_true", help="recompute cached runs")
-    ap.add_argument("--harmofl-probe", action="store_true",
-                    help="instead of the rows: fedrepro's HarmoFL with amplitude: spectrum (F) and amplitude: dc (F/code: "
-                         "the code's AmpNorm, utils/amp_utils.pyx at L = 0); the code's HarmoFL client cannot run (224 px)")
     args = ap.parse_args(argv)
     args.work = args.work.resolve()
-    rows = [r for r in ROWS if not args.methods or r.name.lower() in {m.lower() for m in args.methods}]
-    if args.harmofl_probe:
-        rows = [row("HarmoFL", "harmo-fl", "harmofl", code={"amplitude": "dc"})]
+    every = ROWS + CLIENT_ROWS
+    rows = [r for r in every if not args.methods or r.name.lower() in {m.lower() for m in args.methods}]
     if args.methods and len(rows) != len(args.methods):
-        ap.error(f"unknown --methods; rows: {', '.join(r.name for r in ROWS)}")
+        ap.error(f"unknown --methods; rows: {', '.join(r.name for r in every)}")
 
     import torch
 
     torch.set_num_threads(1)
+    os.environ.setdefault("TQDM_DISABLE", "1")  # the code's client loops wrap every batch in tqdm
     os.chdir(REPO)  # the config's results/pretrained path is relative to the repository
     fed_dir = stage_reference(args.fedgcr.resolve(), args.work)
     sys.path.insert(0, str(fed_dir.parent))
@@ -517,9 +629,7 @@ def main(argv: list[str] | None = None) -> None:
     cfg["methods"] = {}
     labels = {}
     for side, r, method, hp in runs_of(rows):
-        if args.harmofl_probe and side == "R":
-            continue
-        if side not in args.sides and not args.harmofl_probe and not (side == "F" and r.code is None):  # F is FedAvg's only pair
+        if side not in args.sides and not (side == "F" and r.code is None):  # F is FedAvg's only pair
             continue
         label = f"{side}_{r.name}".replace("/", "_").replace(" ", "_").replace("-", "").lower()
         cfg["methods"][label] = {"method": method, "hparams": hp}
@@ -565,7 +675,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"[parity]   Avg {rec['avg']:.4f} acc {rec['acc']:.4f} {rec['s_per_round']:.2f} s/round", file=sys.stderr)
     os.chdir(REPO)
     md = table(rows, results, args)
-    out = args.work / f"parity_fedgcr{'_harmofl_probe' if args.harmofl_probe else ''}_r{args.rounds}.md"
+    out = args.work / f"parity_fedgcr_r{args.rounds}.md"
     out.write_text(md)
     write_json(out.with_suffix(".json"), {"rows": [r.name for r in rows], "runs": list(results.values())})
     print(md)
