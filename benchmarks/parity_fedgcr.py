@@ -94,6 +94,7 @@ from typing import Any
 import numpy as np
 import yaml
 
+os.environ.setdefault("TQDM_DISABLE", "1")  # the code's client loops wrap every batch in tqdm (read when tqdm is imported)
 REPO = Path(__file__).resolve().parents[1]
 CONFIG = REPO / "config" / "papers" / "fedgcr_cpu.yaml"
 REF_WIDTH = 768  # the code's hard-coded feature width (utils/util.py:1009)
@@ -563,7 +564,9 @@ def table(rows: list[Row], results: dict, args) -> str:
                 cells.append("–" if math.isnan(mu) else f"{100 * mu:.2f} ± {100 * sd:.2f}")
             hp_txt = " ".join(f"{k}={v}" for k, v in sorted(hp.items()) if k != "ref_mode") or "-"
             if side == "R":
-                hp_txt = f"mode={hp['ref_mode']}; clients as {pair}"
+                client_row = r.mode in ("fedsam", "harmo-fl", "fedmix")
+                hp_txt = (f"mode={hp['ref_mode']}; the code's client step, server and amplitude as {pair}" if client_row
+                          else f"mode={hp['ref_mode']}; clients as {pair}")
             diff_txt, fl = "", ""
             if side == "R":
                 d = [st[m][0] - stats[pair][m][0] for m in ("avg", "acc")]
@@ -614,7 +617,6 @@ def main(argv: list[str] | None = None) -> None:
     import torch
 
     torch.set_num_threads(1)
-    os.environ.setdefault("TQDM_DISABLE", "1")  # the code's client loops wrap every batch in tqdm
     os.chdir(REPO)  # the config's results/pretrained path is relative to the repository
     fed_dir = stage_reference(args.fedgcr.resolve(), args.work)
     sys.path.insert(0, str(fed_dir.parent))
