@@ -157,8 +157,11 @@ def export_plato(manifest: dict, shards: list, data_path: Path, name: str = PROT
             ys.append(y)
         write_idx(tmp / name / "raw" / images, np.concatenate(xs))
         write_idx(tmp / name / "raw" / labels, np.concatenate(ys).astype(np.uint8))
+    novel = sorted(int(i) for i in (manifest.get("unseen_clients") or []))
     meta = {"dataset": name, "partition_id": manifest["partition_id"], "mean": manifest["mean"], "std": manifest["std"],
-            "plato_client_id": "fedrepro client id + 1", "clients": clients}
+            "novel": novel, "clients": clients,
+            # Plato client k (from 1) is fedrepro client plato_order[k-1]: training clients first, novel ones last
+            "plato_order": [i for i in ids if i not in novel] + novel}
     (tmp / "clients.json").write_text(json.dumps(meta, indent=1))
     shutil.rmtree(data_path, ignore_errors=True)
     os.replace(tmp, data_path)
@@ -511,6 +514,202 @@ def fedema_rules(plato_model, ours, seed, check):
 
 
 # --------------------------------------------------------------------------------------------
+# Whole runs (--e2e): Plato's example main() on the export, beside fedrepro's cells
+# --------------------------------------------------------------------------------------------
+# Plato starts its clients with multiprocessing's spawn, which re-imports this file as
+# __mp_main__: the shims below are applied at import whenever PARITY_PLATO_E2E is set, so the
+# client processes get them too. Shims 1, 4 and 5 as above, and:
+#   6. a sampler `fedrepro` (plato.samplers.registry) serving each client its rows of
+#      clients.json, train or test; Plato client k is fedrepro's `plato_order[k-1]`: the training
+#      clients first, the novel ones last, where `participating_client_ratio` (training clients /
+#      all) keeps them out of the training rounds (plato/servers/fedavg_personalized.py:40-45);
+#   7. fedrepro's mean/std for Fashion-MNIST in Plato's SSL transform table and in the
+#      FashionMNIST data source the personalization reads (Plato's are MNIST's, P10);
+#   8. the client's test set is the single-view FashionMNIST test set, not the SSL data source's
+#      two-view one (P12: without it the first client test raises "'list' object has no
+#      attribute 'to'", observed).
+
+E2E_ROWS = {"pfl_simclr": ("simclr", "simclr", {}, {}),
+            "calibre": ("calibre", "calibre", {"model_name": "Calibre"},
+                        {"auxiliary_loss_criterions": ["prototype_regularizers"],
+                         "auxiliary_loss_criterions_param": {"prototype_regularizers": {"n_clusters": 10,
+                                                                                        "distance_type": "euclidean"}},
+                         "losses_weight": {"NTXentLoss": 1.0, "prototype_regularizers": [0.3, 0.3]}}),
+            "fedema": ("fedema", "fedema", {"model_name": "FedEMA", "loss_criterion": "NegativeCosineSimilarity",
+                                            "prediction_hidden_dim": PROTOCOL["proj_hidden"],
+                                            "prediction_out_dim": PROTOCOL["proj_dim"]},
+                       {"encoder_layer_names": ["encoder"], "adaptive_divergence_scale": True,
+                        "default_divergence_scale": 0.0, "divergence_scale_tau": 0.7, "compute_scale_before_round": 3})}
+
+
+def e2e_config(row: str, seed: int, rounds: int, meta: dict, data_path: Path, base: Path, port: int) -> dict:
+    """calibre_cpu's protocol in Plato's keys: 5 of the training clients per round, 1 epoch,
+    batch 64, SGD 0.01/0.9/1e-4; personalization 10 epochs, SGD 0.05 momentum 0.9, batch 32."""
+    _, _, trainer, algorithm = E2E_ROWS[row]
+    n, novel = len(meta["clients"]), len(meta["novel"])
+    cfg = {"clients": {"total_clients": n, "per_round": 5, "do_test": True, "random_seed": seed},
+           "server": {"address": "127.0.0.1", "port": port, "do_test": False, "random_seed": seed, "simulate_wall_time": False},
+           "data": {"datasource": PROTOCOL["dataset"], "personalized_datasource": PROTOCOL["dataset"], "data_path": str(data_path),
+                    "partition_size": 200, "sampler": "fedrepro", "testset_sampler": "fedrepro", "random_seed": seed},
+           "trainer": {"type": "self_supervised_learning", "rounds": rounds, "max_concurrency": 1, "target_accuracy": 1.1,
+                       "epochs": PROTOCOL["epochs"], "batch_size": PROTOCOL["batch_size"], "optimizer": "SGD",
+                       "loss_criterion": "NTXentLoss", "model_name": "SimCLR", "encoder_name": "fedrepro",
+                       "projection_hidden_dim": PROTOCOL["proj_hidden"], "projection_out_dim": PROTOCOL["proj_dim"], **trainer},
+           "algorithm": {"type": "fedavg_personalized",
+                         "data_transforms": {"train_transform": {"name": "SimCLR", "parameters": {"input_size": 28}}},
+                         "personalization": {"epochs": 10, "batch_size": 32, "optimizer": "SGD", "lr_scheduler": "StepLR",
+                                             "loss_criterion": "CrossEntropyLoss", "model_type": "general_multilayer",
+                                             "model_name": "linear_mlp",
+                                             "participating_client_ratio": (n - novel + 0.5) / n},
+                         **algorithm},
+           "parameters": {"optimizer": {"lr": 0.01, "momentum": 0.9, "weight_decay": 0.0001},
+                          "loss_criterion": {"eps": 1.0e-8} if row == "fedema" else {"temperature": PROTOCOL["temperature"]},
+                          "model": {"num_classes": 10},
+                          "personalization": {"optimizer": {"lr": 0.05, "momentum": 0.9, "weight_decay": 0.0},
+                                              "learning_rate": {"gamma": 1.0, "step_size": 10}, "model": {"num_classes": 10}}},
+           "results": {"types": "round, accuracy, accuracy_std, elapsed_time, round_time", "record_clients_accuracy": True,
+                       "result_path": "results"},
+           "general": {"base_path": str(base)}}
+    return cfg
+
+
+def e2e_shims() -> None:
+    import torch
+    import lightly.loss
+    from torchvision import transforms
+
+    if not hasattr(lightly.loss, "SymNegCosineSimilarityLoss"):  # shim 4
+        lightly.loss.SymNegCosineSimilarityLoss = lightly.loss.NegativeCosineSimilarity
+    sys.argv = sys.argv[:1]
+    sys.path.insert(0, os.environ["PLATO_EXAMPLE"])
+    from plato.clients import self_supervised_learning as ssl_client
+    from plato.datasources import fashion_mnist
+    from plato.datasources import registry as datasources
+    from plato.datasources import self_supervised_learning as ssl_ds
+    from plato.models import cnn_encoder
+    from plato.samplers import registry as samplers
+
+    meta = json.loads((Path(os.environ["FEDREPRO_DATA"]) / "clients.json").read_text())
+    order = meta["plato_order"]
+    seed = int(os.environ["FEDREPRO_SEED"])
+    cnn_encoder.Model.get = staticmethod(lambda model_name=None, **kw: fedrepro_encoder((1, 28, 28), 10).extractor)  # 1
+
+    class RowsSampler:  # shim 6
+        def __init__(self, datasource, client_id, testing=False):
+            start, stop = meta["clients"][str(order[max(client_id, 1) - 1])]["test" if testing else "train"]
+            self.rows, self.seed = list(range(start, stop)), 1000 * seed + client_id
+
+        def get(self):
+            return torch.utils.data.SubsetRandomSampler(self.rows, generator=torch.Generator().manual_seed(self.seed))
+
+        def num_samples(self):
+            return len(self.rows)
+
+    samplers.registered_samplers["fedrepro"] = RowsSampler
+    norm = transforms.Compose([transforms.ToTensor(), transforms.Normalize(tuple(meta["mean"]), tuple(meta["std"]))])
+
+    class FashionMNIST(fashion_mnist.DataSource):  # shim 7
+        def __init__(self, **kwargs):
+            kwargs.setdefault("train_transform", norm)
+            super().__init__(**kwargs)
+
+    datasources.registered_datasources[PROTOCOL["dataset"]] = type("FashionMNISTModule", (), {"DataSource": FashionMNIST})
+    ssl_ds.dataset_normalizations[PROTOCOL["dataset"]] = {"mean": meta["mean"], "std": meta["std"]}
+    allocate = ssl_client.Client._allocate_data
+
+    def single_view_testset(self):  # shim 8
+        allocate(self)
+        if getattr(self, "testset", None) is not None:
+            self.testset = datasources.get().get_test_set()
+
+    ssl_client.Client._allocate_data = single_view_testset
+    for obj in (RowsSampler, FashionMNIST, single_view_testset):  # picklable for the spawned client processes
+        obj.__qualname__ = obj.__name__
+        globals()[obj.__name__] = obj
+    if "calibre" in os.environ["PLATO_EXAMPLE"]:  # shim 5
+        import calibre_loss
+
+        original = calibre_loss.get_prototype_loss
+        calibre_loss.get_prototype_loss = lambda p, queries, query_labels, distance_type="euclidean": original(
+            p, queries, query_labels.long(), distance_type)
+
+
+def run_e2e(args, row: str, seed: int, examples: Path, meta: dict) -> dict:
+    """One Plato run of `row`; its per-round and per-client accuracies (Plato's CSVs)."""
+    import csv
+
+    import yaml
+
+    base = args.work / "e2e" / f"{row}_r{args.rounds}_s{seed}"
+    cache = base / "record.json"
+    if cache.exists() and not args.rerun:
+        return json.loads(cache.read_text())
+    shutil.rmtree(base, ignore_errors=True)
+    base.mkdir(parents=True)
+    (base / "config.yml").write_text(yaml.safe_dump(e2e_config(row, seed, args.rounds, meta, args.work / "data", base,
+                                                               8100 + 10 * list(E2E_ROWS).index(row) + seed)))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(args.plato)]), "OMP_NUM_THREADS": "1",
+           "PARITY_PLATO_E2E": "1", "PLATO_EXAMPLE": str(examples / E2E_ROWS[row][0]), "PLATO_MAIN": E2E_ROWS[row][1],
+           "config_file": str(base / "config.yml"), "FEDREPRO_DATA": str(args.work / "data"), "FEDREPRO_SEED": str(seed)}
+    t0 = time.perf_counter()
+    with open(base / "log.txt", "w") as log:
+        proc = subprocess.run([args.plato_python, str(Path(__file__).resolve())], env=env, cwd=base,
+                              stdout=log, stderr=subprocess.STDOUT, timeout=args.e2e_timeout)
+    wall = time.perf_counter() - t0
+    results = base / "results"
+    found = [f for f in results.glob("*.csv") if "_accuracy" not in f.name] if results.exists() else []
+    rounds = list(csv.DictReader(open(found[0]))) if found else []
+    clients = list(csv.DictReader(open(next(results.glob("*_accuracy.csv"))))) if found else []
+    log_text = (base / "log.txt").read_text(errors="replace")
+    errors = [line for line in log_text.splitlines() if line.startswith(("ValueError", "RuntimeError", "AttributeError", "TypeError"))]
+    order = meta["plato_order"]
+    last = max((int(c["round"]) for c in clients), default=0)
+    rec = {"row": row, "seed": seed, "rounds": args.rounds, "exit": proc.returncode, "wall_s": wall,
+           "completed_rounds": len(rounds), "first_error": errors[0] if errors else None,
+           "plato_round_time_s": [float(r["round_time"]) for r in rounds[: args.rounds]],
+           "plato_elapsed_s": [float(r["elapsed_time"]) for r in rounds],
+           "personalized": {str(order[int(c["client_id"]) - 1]): float(c["accuracy"]) for c in clients
+                            if last > args.rounds and int(c["round"]) == last},
+           "plato_reported": {"accuracy": float(rounds[-1]["accuracy"]), "accuracy_std": float(rounds[-1]["accuracy_std"])}
+           if len(rounds) > args.rounds else None}
+    cache.write_text(json.dumps(rec, indent=1))
+    return rec
+
+
+def fedrepro_client_accuracies(metrics_file: Path) -> dict[str, float]:
+    """fedrepro's personalized accuracy of every client, training and novel, by client id."""
+    m = json.loads(metrics_file.read_text())
+    out = dict(zip(map(str, m["clients"]["ids"]), m["final"]["personal"]["acc"]))
+    out.update(zip(map(str, m["clients"]["unseen_ids"]), m["final"]["unseen_personal"]["acc"]))
+    return out
+
+
+def e2e_markdown(recs: list[dict], fedrepro_runs: Path | None) -> str:
+    lines = ["| row | seed | R | clients Plato personalized (fedrepro ids) | Plato mean acc | fedrepro mean acc, same clients | "
+             "fedrepro mean acc, all training / novel clients | Plato s/round (its round_time) | fedrepro s/round |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in recs:
+        if not r["personalized"]:  # the run stopped before its personalization round
+            lines.append(f"| {r['row']} | {r['seed']} | {r['rounds']} | Plato stopped after {r['completed_rounds']} of "
+                         f"{r['rounds']} rounds: {r['first_error']} | | | | | |")
+            continue
+        ids = sorted(r["personalized"], key=int)
+        plato_mean = 100 * float(np.mean([r["personalized"][i] for i in ids]))
+        same = all_ = spr = "n/a"
+        if fedrepro_runs is not None:
+            f = next(iter(sorted(fedrepro_runs.glob(f"*/{r['row']}/seed{r['seed']}/metrics.json"))), None)
+            if f:
+                acc = fedrepro_client_accuracies(f)
+                m = json.loads(f.read_text())
+                same = f"{100 * np.mean([acc[i] for i in ids]):.2f}"
+                all_ = f"{100 * m['summary']['personal_acc']['mean']:.2f} / {100 * m['summary']['unseen_personal_acc']['mean']:.2f}"
+                spr = f"{(m['resources']['train_time_s'] + m['resources']['eval_time_s']) / r['rounds']:.2f}"
+        lines.append(f"| {r['row']} | {r['seed']} | {r['rounds']} | {', '.join(ids)} | {plato_mean:.2f} | {same} | {all_} | "
+                     f"{np.mean(r['plato_round_time_s']):.2f} (wall {r['wall_s'] / (r['rounds'] + 1):.0f}) | {spr} |")
+    return "\n".join(lines) + "\n"
+
+
+# --------------------------------------------------------------------------------------------
 # Outside: staging, caching, the table
 # --------------------------------------------------------------------------------------------
 
@@ -587,6 +786,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     ap.add_argument("--rerun", action="store_true", help="ignore cached results")
     ap.add_argument("--export-only", action="store_true")
+    ap.add_argument("--e2e", nargs="*", choices=list(E2E_ROWS), default=None,
+                    help="also run these rows end to end in Plato (its main(), its server and client processes)")
+    ap.add_argument("--rounds", type=int, default=PROTOCOL["rounds"], help="rounds of the --e2e runs")
+    ap.add_argument("--e2e-timeout", type=int, default=3600)
+    ap.add_argument("--fedrepro-runs", type=Path, default=None,
+                    help="results/<experiment>/runs/<dataset> of fedrepro's cells with the same protocol and rounds")
     ap.add_argument("--inside", help=argparse.SUPPRESS)
     ap.add_argument("--seed", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--examples", type=Path, help=argparse.SUPPRESS)
@@ -606,6 +811,13 @@ def main(argv: list[str] | None = None) -> None:
         ap.error("--plato and --plato-python are needed to run the comparison")
     examples = stage(args.plato, args.work)
     src = source_hash(examples, args.plato / "plato", ROOT / "src" / "fedrepro")
+    if args.e2e is not None:
+        meta = json.loads((args.work / "data" / "clients.json").read_text())
+        recs = [run_e2e(args, row, seed, examples, meta) for row in (args.e2e or list(E2E_ROWS)) for seed in args.seeds]
+        table = e2e_markdown(recs, args.fedrepro_runs)
+        (args.work / f"parity_plato_e2e_r{args.rounds}.md").write_text(table)
+        print(table)
+        return
     records = [run_row(args, row, seed, examples, src) for row in args.rows for seed in args.seeds]
     commit = subprocess.run(["git", "-C", str(args.plato), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
     if not commit and (args.plato / ".commit").exists():  # an archive of the fetched repository: its commit beside it
@@ -617,5 +829,18 @@ def main(argv: list[str] | None = None) -> None:
     print(head + markdown(records))
 
 
+if os.environ.get("PARITY_PLATO_E2E") and __name__ in ("__main__", "__mp_main__"):
+    e2e_shims()  # in the Plato run and in every client process it spawns
+
+def e2e_child() -> None:
+    """The Plato run itself (PARITY_PLATO_E2E set): the example's main() with the shims applied."""
+    import importlib
+
+    import torch
+
+    torch.manual_seed(int(os.environ["FEDREPRO_SEED"]))  # the server's initial model
+    importlib.import_module(os.environ["PLATO_MAIN"]).main()
+
+
 if __name__ == "__main__":
-    main()
+    e2e_child() if os.environ.get("PARITY_PLATO_E2E") else main()
