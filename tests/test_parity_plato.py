@@ -48,6 +48,8 @@ def test_export_is_fedrepros_client_tensors_read_the_plato_way(tiny_partition, t
     manifest, shards = load_partition(tiny_partition[0])
     meta = parity.export_plato(manifest, shards, tmp_path / "data")
     assert meta["partition_id"] == manifest["partition_id"]
+    order, novel = meta["plato_order"], meta["novel"]  # Plato client k = fedrepro client order[k-1]
+    assert sorted(order) == sorted(s.id for s in shards) and order[len(order) - len(novel):] == novel
     clients = load_clients(manifest, shards, torch.device("cpu"))  # what fedrepro's engine trains and tests on
     assert len(clients) == len(meta["clients"]) > 1
     for c in clients:
