@@ -5,12 +5,15 @@
         --shards results/shards/fmnist/<partition id> --work /work/ref/plato-work --seeds 0 1 2
     .venv/bin/python benchmarks/parity_plato.py ... --rows calibre fedema        # some rows only
     .venv/bin/python benchmarks/parity_plato.py --export-only --shards ... --work ...   # the data export only
+    .venv/bin/python benchmarks/parity_plato.py ... --seeds 0 --e2e pfl_simclr fedema calibre --rounds 3 \
+        --fedrepro-runs results/<experiment>/runs/fmnist                       # whole Plato runs
 
-What is compared. Plato's SSL examples run as a socket.io server with client processes, a
-KNN monitor every round and one personalization round at the end; their whole loop cannot be
-timed or seeded against fedrepro's on a shared 2-core machine. The harness instead runs every
-piece of the reference code that defines a method's numbers, imported from an unchanged copy of
-`examples/ssl` (and Plato's own `plato/` package), on the same inputs as fedrepro's piece:
+What is compared. (1) Every piece of the reference code that defines a method's numbers,
+imported from an unchanged copy of `examples/ssl` (and Plato's own `plato/` package), on the
+same inputs as fedrepro's piece (the default); (2) with --e2e, whole runs of the example's main()
+(Plato's socket.io server, client processes, trainer loop and personalization round) on the
+export, beside fedrepro's cells of the same protocol, compared on the clients Plato personalizes
+(shims 6-8 at "Whole runs" below). The pieces:
   - the model: Plato's example model class (CalibreNet, SimCLRModel, BYOLModel, SwaV) built as
     Plato builds it (its encoder from `plato.models.cnn_encoder.Model.get`), and fedrepro's
     SplitModel + objective modules; fedrepro's weights are loaded FROM Plato's model by name
