@@ -691,6 +691,7 @@ def e2e_markdown(recs: list[dict], fedrepro_runs: Path | None) -> str:
     lines = ["| row | seed | R | clients Plato personalized (fedrepro ids) | Plato mean acc | fedrepro mean acc, same clients | "
              "fedrepro mean acc, all training / novel clients | Plato s/round (its round_time) | fedrepro s/round |",
              "|---|---|---|---|---|---|---|---|---|"]
+    pairs: dict[str, list[tuple[float, float]]] = {}
     for r in recs:
         if not r["personalized"]:  # the run stopped before its personalization round
             lines.append(f"| {r['row']} | {r['seed']} | {r['rounds']} | Plato stopped after {r['completed_rounds']} of "
@@ -709,6 +710,18 @@ def e2e_markdown(recs: list[dict], fedrepro_runs: Path | None) -> str:
                 spr = f"{(m['resources']['train_time_s'] + m['resources']['eval_time_s']) / r['rounds']:.2f}"
         lines.append(f"| {r['row']} | {r['seed']} | {r['rounds']} | {', '.join(ids)} | {plato_mean:.2f} | {same} | {all_} | "
                      f"{np.mean(r['plato_round_time_s']):.2f} (wall {r['wall_s'] / (r['rounds'] + 1):.0f}) | {spr} |")
+        if same != "n/a":
+            pairs.setdefault(r["row"], []).append((plato_mean, float(same)))
+    if any(len(v) > 1 for v in pairs.values()):
+        lines += ["", "| row | seeds | Plato, its personalized clients | fedrepro, the same clients | diff | flag |", "|---|---|---|---|---|---|"]
+        for row, v in pairs.items():
+            if len(v) < 2:
+                continue
+            pl, fr = np.array(v).T
+            sd_p, sd_f = pl.std(ddof=1), fr.std(ddof=1)
+            diff = fr.mean() - pl.mean()
+            mark = "≠" if abs(diff) > max(2 * max(sd_p, sd_f), 1.0) else ""  # docs/parity.md's rule, in points
+            lines.append(f"| {row} | {len(v)} | {pl.mean():.2f} ± {sd_p:.2f} | {fr.mean():.2f} ± {sd_f:.2f} | {diff:+.2f} | {mark} |")
     return "\n".join(lines) + "\n"
 
 
