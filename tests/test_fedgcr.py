@@ -62,6 +62,7 @@ def gcr_engine(domain_partition, make_cell, method="fedgcr", hparams=None, model
 def test_backbone_never_changes_and_never_travels(domain_partition, make_cell):
     for method in ("fedgcr", "fedavg"):
         engine = gcr_engine(domain_partition, make_cell, method=method, rounds=2)
+        engine.method.setup()  # FedGCR's setup puts its MLP head in place (run() repeats it: no change)
         before = {k: v.clone() for k, v in engine.model.state_dict().items()}
         metrics = engine.run()
         after = engine.model.state_dict()
@@ -136,16 +137,31 @@ def test_beta_schedules_on_hand_values():
 
 
 def test_fedgr_weights_on_hand_values():
-    losses, sizes, groups = [1.0, 2.0, 4.0], [1.0, 1.0, 2.0], [0, 0, 1]
-    # p = [.25, .25, .5]; group losses: g0 = (.25*1 + .25*2) / .5 = 1.5, g1 = 4
+    losses, sizes, groups = [1.0, 2.0, 4.0], [1.0, 3.0, 4.0], [0, 0, 1]
+    # p = [1/8, 3/8, 1/2]; group losses (paper Eq. 3, plain mean): g0 = (1 + 2) / 2 = 1.5, g1 = 4
     beta, q = 0.5, 1.0
-    raw = [0.25 * (1.0**0.5 * 1.5**0.5) ** 2, 0.25 * (2.0**0.5 * 1.5**0.5) ** 2, 0.5 * (4.0**0.5 * 4.0**0.5) ** 2]
+    p = [1 / 8, 3 / 8, 1 / 2]
+    raw = [p[0] * (1.0**0.5 * 1.5**0.5) ** 2, p[1] * (2.0**0.5 * 1.5**0.5) ** 2, p[2] * (4.0**0.5 * 4.0**0.5) ** 2]
     expected = torch.tensor(raw, dtype=torch.float64) / sum(raw)
     assert torch.allclose(fedgr_weights(losses, sizes, groups, beta, q), expected)
     # beta = 0, q = 0: FedAvg's p_k * L_k / normaliser; beta = 1: the group loss only
-    assert torch.allclose(fedgr_weights(losses, sizes, groups, 0.0, 0.0), torch.tensor([0.25, 0.5, 2.0], dtype=torch.float64) / 2.75)
+    assert torch.allclose(fedgr_weights(losses, sizes, groups, 0.0, 0.0),
+                          torch.tensor([1 / 8, 6 / 8, 2.0], dtype=torch.float64) / (23 / 8))
     w = fedgr_weights(losses, sizes, groups, 1.0, 0.0)
-    assert w[0] == pytest.approx(w[1].item())
+    assert w[0] / w[1] == pytest.approx(1 / 3)  # same group loss: the size ratio only
+
+
+def test_fedgr_group_loss_is_the_plain_mean_and_the_codes_size_weighting_is_an_option():
+    """Issue 27: Eq. 3's L~_i = (1/N_i) sum_j L_ij (the default); the code's data-size weighted mean
+    (utils/util.py communication) is `group_loss: size_weighted`."""
+    losses, sizes, groups, beta, q = [1.0, 2.0, 4.0], [1.0, 3.0, 4.0], [0, 0, 1], 1.0, 0.0
+    # beta = 1, q = 0: w_k ∝ p_k L~_g(k); plain g0 = 1.5, size-weighted g0 = (1 + 3 * 2) / 4 = 1.75
+    plain = torch.tensor([1 / 8 * 1.5, 3 / 8 * 1.5, 1 / 2 * 4.0], dtype=torch.float64)
+    weighted = torch.tensor([1 / 8 * 1.75, 3 / 8 * 1.75, 1 / 2 * 4.0], dtype=torch.float64)
+    assert torch.allclose(fedgr_weights(losses, sizes, groups, beta, q), plain / plain.sum())
+    assert torch.allclose(fedgr_weights(losses, sizes, groups, beta, q, "size_weighted"), weighted / weighted.sum())
+    with pytest.raises(ValueError, match="size_weighted"):
+        fedgr_weights(losses, sizes, groups, beta, q, "median")
 
 
 def test_clustering_accuracy_on_separable_representations():
@@ -206,18 +222,43 @@ def test_reweighting_and_customization_change_training(domain_partition, make_ce
         gcr_engine(domain_partition, make_cell, model={"gc_net": False}).run()
 
 
-def test_server_mixes_uploads_with_the_fedgr_weights(domain_partition, make_cell):
-    engine = gcr_engine(domain_partition, make_cell, rounds=2)
+@pytest.mark.parametrize("code", [False, True])
+def test_server_mixes_uploads_with_the_fedgr_weights(domain_partition, make_cell, code):
+    hp = {"group_loss": "size_weighted", "loss_at": "start"} if code else {}
+    engine = gcr_engine(domain_partition, make_cell, rounds=2, hparams=hp)
     method = engine.method
     method.setup()
     engine.round = 2
     updates = [method.local_update(c, method.broadcast(c)) for c in engine.clients]
     method.aggregate(updates)
     labels = [method.server["group_of"][u.client_id] for u in updates]
-    w = fedgr_weights([u.extras["loss"] for u in updates], [u.num_samples for u in updates], labels, beta_at(2), 1.0)
+    w = fedgr_weights([u.extras["loss"] for u in updates], [u.num_samples for u in updates], labels, beta_at(2), 1.0,
+                      "size_weighted" if code else "mean")
     for k, v in method.server["global"].items():
         expected = sum(float(wk) * u.params[k] for wk, u in zip(w, updates))
         assert torch.allclose(v, expected, atol=1e-6)
+
+
+def test_fedgcr_reports_the_local_training_loss_and_the_codes_start_loss_is_an_option(domain_partition, make_cell):
+    """Issue 27: Algorithm 1's LocalUpdate returns L, the loss of the local training (default
+    `loss_at: train`); the code's loss of the received model on the train split is `loss_at: start`."""
+    from fedrepro.methods._fair import global_loss
+
+    for loss_at in ("train", "start"):
+        engine = gcr_engine(domain_partition, make_cell, rounds=2, hparams={} if loss_at == "train" else {"loss_at": loss_at})
+        assert engine.method.hp["loss_at"] == loss_at
+        engine.training["local_epochs"] = 3  # the training loss then moves away from the received model's
+        method = engine.method
+        method.setup()
+        engine.round = 1
+        c = engine.clients[0]
+        payload = method.broadcast(c)
+        start = global_loss(engine, c, {k: v.clone() for k, v in payload.items()})
+        up = method.local_update(c, payload)
+        if loss_at == "train":
+            assert up.extras["loss"] == up.loss and up.extras["loss"] != pytest.approx(start, rel=1e-3)
+        else:
+            assert up.extras["loss"] == pytest.approx(start, rel=1e-6)
 
 
 def test_code_compat_loss_weights(domain_partition, make_cell):
@@ -227,6 +268,44 @@ def test_code_compat_loss_weights(domain_partition, make_cell):
     assert w_gc == pytest.approx(0.1 * (0.5 + 0.5 * 2 / 4)) and w_ra == pytest.approx(0.05) and tau_ra == 1.0
     paper = gcr_engine(domain_partition, make_cell).method._loss_weights()
     assert paper == (0.5, 0.1, 0.5)
+
+
+def test_fedgcr_head_is_the_papers_mlp_and_the_codes_linear_head_is_an_option(domain_partition, make_cell):
+    """Issue 27: the paper's "MLP classification head" (d -> d/2 -> d/4 -> C, the code's nonlinear
+    Classifier) is the default with the GC-Net; `head: linear` is the code's Linear(d, C); the
+    FedGR-only ablation keeps the baselines' linear head."""
+    def head_of(**hp):
+        engine = gcr_engine(domain_partition, make_cell, rounds=1, hparams=hp)
+        engine.run()
+        return engine.model.head, engine.method.server["global"]
+
+    mlp, params = head_of()
+    d = TINY_VIT["backbone_args"]["embed_dim"]
+    widths = [(m.in_features, m.out_features) for m in mlp if isinstance(m, torch.nn.Linear)]
+    assert widths == [(d, d // 2), (d // 2, d // 4), (d // 4, 4)]
+    assert "head.4.weight" in params  # it trains and travels
+    linear, params = head_of(head="linear")
+    assert isinstance(linear, torch.nn.Linear) and "head.weight" in params
+    ablation, _ = head_of(group_customization=False)
+    assert isinstance(ablation, torch.nn.Linear)
+
+
+def test_fedgcr_with_its_mlp_head_resumes_to_the_same_metrics(domain_partition, make_cell, tmp_path, monkeypatch):
+    """The MLP head is put in place by setup(): a run killed in round 3 and resumed from its
+    checkpoint ends with the metrics of an uninterrupted run."""
+    from conftest import kill_in_round_3_and_resume
+    from fedrepro.engine.run import train_cell
+
+    engine = gcr_engine(domain_partition, make_cell, rounds=3)
+    manifest, _ = load_partition(domain_partition)
+    cell = {**engine.cell, "partition_id": manifest["partition_id"],
+            "training": {**engine.cell["training"], "checkpoint_every": 1}}
+    whole = train_cell(cell, domain_partition, tmp_path / "whole", device="cpu", progress=False)
+    ckpt = tmp_path / "ckpt.pt"
+    run = lambda: train_cell(cell, domain_partition, tmp_path / "resumed", checkpoint=ckpt, device="cpu", progress=False)
+    resumed = kill_in_round_3_and_resume(monkeypatch, "fedgcr", run, ckpt, tmp_path / "resumed")
+    strip = lambda m: {k: v for k, v in m.items() if k != "resources"}
+    assert strip(resumed) == strip(whole)
 
 
 # -- metrics for distinct client types ---------------------------------------------------------------

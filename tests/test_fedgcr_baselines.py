@@ -52,6 +52,49 @@ def test_amplitude_normalisation_keeps_phase_and_takes_the_shared_amplitude():
     assert torch.allclose(amplitude_normalize(x, mean_amplitude(x[:1])[None])[0], x[0], atol=1e-5)
 
 
+def test_dc_amplitude_normalisation_replaces_the_zero_frequency_only(domain_partition, make_cell):  # noqa: F811
+    """Issue 27: `amplitude: dc` is the FedGCR code's AmpNorm at L = 0 (utils/amp_utils.pyx): only the
+    DC amplitude takes the shared value; every other frequency keeps the image's own amplitude and phase."""
+    g = torch.Generator().manual_seed(1)
+    x = torch.rand(4, 3, 8, 8, generator=g)
+    amp = mean_amplitude(torch.rand(6, 3, 8, 8, generator=g) * 3)
+    spec_in, spec_out = torch.fft.fft2(x), torch.fft.fft2(amplitude_normalize(x, amp, "dc"))
+    assert torch.allclose(spec_out[..., 0, 0].abs(), amp[..., 0, 0].expand(4, 3), atol=1e-4)
+    rest = torch.ones(8, 8, dtype=torch.bool)
+    rest[0, 0] = False
+    assert torch.allclose(spec_out[..., rest], spec_in[..., rest], atol=1e-4)
+    engine = gcr_engine(domain_partition, make_cell, method="harmofl", rounds=1, hparams={"amplitude": "dc"})
+    engine.run()
+    assert engine.model.extractor.amp_scope == "dc"
+    assert gcr_engine(domain_partition, make_cell, method="harmofl", rounds=1).method.hp["amplitude"] == "spectrum"
+
+
+def test_harmofl_clients_train_with_the_global_amplitude_after_round_one(domain_partition, make_cell, monkeypatch):  # noqa: F811
+    """Issue 27: from round 2 on every client normalises with the averaged A (HarmoFL; the code copies it
+    into every client, utils/util.py:1051-1066). Before the fix the global A was never sent: a client
+    trained with whatever A the shared model object held last (the previous client's own, round 1)."""
+    import fedrepro.methods.harmofl as harmofl
+
+    engine = gcr_engine(domain_partition, make_cell, method="harmofl", rounds=3)
+    engine.training["eval_every"] = 100  # no evaluation loads the global model in between
+    seen = []
+    fit = harmofl.perturbed_fit
+
+    def recording(eng, client, radius):
+        seen.append((eng.round, client.id, eng.model.extractor.amplitude.clone()))
+        return fit(eng, client, radius)
+
+    monkeypatch.setattr(harmofl, "perturbed_fit", recording)
+    metrics = engine.run()
+    clients = engine.clients
+    n = torch.tensor([c.num_train for c in clients], dtype=torch.float64)
+    global_amp = sum(float(w) * mean_amplitude(c.train.x) for w, c in zip(n / n.sum(), clients))
+    later = [a for r, _, a in seen if r > 1]
+    assert len(later) == 2 * len(clients) and all(torch.allclose(a, global_amp, atol=1e-5) for a in later)
+    down = metrics["communication"]["bytes_down_per_round"]
+    assert down[1] - down[2] == global_amp.numel() * 4 * len(clients)  # A goes down once, in round 2
+
+
 def test_harmofl_shares_the_amplitude_once_and_normalises_evaluation(domain_partition, make_cell):  # noqa: F811
     engine = gcr_engine(domain_partition, make_cell, method="harmofl", rounds=2)
     metrics = engine.run()

@@ -119,6 +119,33 @@ def test_compiled_step_equals_eager(tiny_partition, make_cell):
         assert_close_params(u.params, v.params)
 
 
+def test_compiled_step_equals_eager_for_partly_frozen_fits(tiny_partition, make_cell):
+    """FedRep's phases (head, then extractor, each with the rest frozen) compile too where no
+    CUDA graphs replay the step: 2 rounds of uploads equal the eager ones."""
+    eager = method_engine(tiny_partition, make_cell, "fedrep")
+    comp = method_engine(tiny_partition, make_cell, "fedrep", compile="aot_eager")
+    for r_e, r_c in zip(run_rounds(eager, 2), run_rounds(comp, 2)):
+        for u, v in zip(r_e, r_c):
+            assert v.loss == pytest.approx(u.loss, rel=1e-5)
+            assert_close_params(u.params, v.params)
+    assert comp._compiled is not None
+
+
+def test_cuda_graph_replays_skip_partly_frozen_fits(tiny_partition, make_cell, monkeypatch):
+    """Where the step would replay as CUDA graphs, a partly frozen fit runs the eager model
+    (on an H100 FedRep's replayed phases gave other uploads, docs/gpu.md); fully trainable
+    fits keep the compiled step."""
+    import fedrepro.engine.engine as engine_module
+
+    monkeypatch.setattr(engine_module, "replays_cuda_graphs", lambda setting, device: True)
+    fedrep = method_engine(tiny_partition, make_cell, "fedrep", compile="aot_eager")
+    run_rounds(fedrep, 1)
+    assert fedrep._compiled is None
+    fedavg = method_engine(tiny_partition, make_cell, "fedavg", compile="aot_eager")
+    run_rounds(fedavg, 1)
+    assert fedavg._compiled is not None
+
+
 def test_compiled_step_falls_back_for_a_custom_loss(tiny_partition, make_cell):
     """MOON's contrastive loss reads the features: its fits run the eager model."""
     engine = method_engine(tiny_partition, make_cell, "moon", compile="aot_eager")
@@ -214,3 +241,19 @@ def test_channels_last_auto_is_the_default_and_means_the_cpu_only(conv_partition
         engine = Engine(cell, manifest, load_clients(manifest, shards, cpu), cpu, progress=False)
         conv = engine.model.extractor[3].weight
         assert conv.is_contiguous(memory_format=torch.channels_last) == nhwc and conv.is_contiguous() != nhwc
+
+
+def test_deterministic_cells_take_the_math_attention_kernel():
+    """set_determinism: memory-efficient attention (nondeterministic backward on CUDA under
+    warn_only) is off for deterministic cells and back on for the others."""
+    from fedrepro.engine.run import set_determinism
+
+    before = torch.are_deterministic_algorithms_enabled(), torch.backends.cuda.mem_efficient_sdp_enabled()
+    try:
+        assert set_determinism(True)["mem_efficient_attention"] is False
+        assert not torch.backends.cuda.mem_efficient_sdp_enabled()
+        set_determinism(False)
+        assert torch.backends.cuda.mem_efficient_sdp_enabled()
+    finally:
+        torch.use_deterministic_algorithms(before[0], warn_only=True)
+        torch.backends.cuda.enable_mem_efficient_sdp(before[1])

@@ -36,7 +36,7 @@ from ..registry import show
 from ..progress import CellProgress
 from ..tracking import Tracker
 from .data import AUGMENTATIONS, Client, Split, _normaliser
-from .vectorized import ClientFit, compiled_model, fit_many, vectorize_blocker
+from .vectorized import ClientFit, compiled_model, fit_many, replays_cuda_graphs, vectorize_blocker
 
 
 def lars(params, lr: float, momentum: float, weight_decay: float) -> torch.optim.Optimizer:
@@ -272,8 +272,10 @@ class Engine:
         opt = self.optimizer(params, lr)
         model = self.model
         model.train()
-        # The compiled step replaces the standard forward; a custom loss reads features and logits.
-        forward = self.compiled_forward() if self.compile and loss_fn is None else None
+        # The compiled step replaces the standard forward; a custom loss reads features and logits,
+        # and CUDA-graph replays of a partly frozen model were wrong on a GPU (vectorized.py).
+        compiled = self.compile and loss_fn is None and not (frozen and replays_cuda_graphs(self.compile, self.device))
+        forward = self.compiled_forward() if compiled else None
         total = torch.zeros((), device=self.device)
         seen, steps = 0, 0
         try:

@@ -38,7 +38,11 @@ def set_determinism(deterministic: bool) -> dict[str, Any]:
     torch.use_deterministic_algorithms(deterministic, warn_only=True)
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
-    return {"use_deterministic_algorithms": deterministic, "cudnn_benchmark": False, "tf32": False}
+    # Under warn_only, memory-efficient attention keeps its nondeterministic backward on CUDA
+    # (FedGCR's ViT warned so on an H100, 2026-11-26): deterministic cells take the math kernel.
+    torch.backends.cuda.enable_mem_efficient_sdp(not deterministic)
+    return {"use_deterministic_algorithms": deterministic, "cudnn_benchmark": False, "tf32": False,
+            "mem_efficient_attention": not deterministic}
 
 
 def failed_metrics(cell: dict, reason: str, round: int | None, identity: dict[str, Any]) -> dict[str, Any]:

@@ -9,8 +9,8 @@
                           majority type of their cluster (Table 3);
 * `beta_at`               the beta schedule: paper beta_r = delta (1 - gamma^(r-1)), gamma = 0.5;
                           code beta_r = delta (1 - 0.9^r);
-* `fedgr_weights`         w_k ∝ p_k (L_k^(1-beta) L~_g(k)^beta)^(q+1), L~_g the data-size
-                          weighted mean loss of group g.
+* `fedgr_weights`         w_k ∝ p_k (L_k^(1-beta) L~_g(k)^beta)^(q+1), L~_g the plain mean loss
+                          of group g (Eq. 3; the code's data-size weighted mean behind `group_loss`).
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from ._helpers import class_prototypes
 
 COVARIANCES = ("diag", "full", "spherical", "tied")
 BETA_SCHEDULES = ("paper", "code")
+GROUP_LOSSES = ("mean", "size_weighted")
 #: the code's gamma (utils/util.py `communication`: (1 - 0.5) * (1 - 0.9 ** (a_iter + 1)))
 CODE_GAMMA = 0.9
 
@@ -81,15 +82,20 @@ def beta_at(round: int, schedule: str = "paper", delta: float = 0.5, gamma: floa
 
 
 def fedgr_weights(losses: Sequence[float], sizes: Sequence[float], groups: Sequence[int], beta: float,
-                  q: float) -> torch.Tensor:
-    """w_k = p_k (L_k^(1-beta) L~_g(k)^beta)^(q+1) / normaliser, p_k = n_k / n and
-    L~_g = sum_{k in g} p_k L_k / sum_{k in g} p_k (Eq. 3; the code's data-size weighted group
-    loss, the paper writes the plain mean). Computed in log space (float64)."""
+                  q: float, group_loss: str = "mean") -> torch.Tensor:
+    """w_k = p_k (L_k^(1-beta) L~_g(k)^beta)^(q+1) / normaliser, p_k = n_k / n. The group loss
+    L~_g is the plain mean over the group's clients, (1/N_g) sum_{k in g} L_k (`group_loss: mean`,
+    the paper's Eq. 3 and Algorithm 1 line 8); `size_weighted` is the code's
+    sum_{k in g} p_k L_k / sum_{k in g} p_k (utils/util.py `communication`: gloss += loss * client_weights).
+    Computed in log space (float64)."""
+    if group_loss not in GROUP_LOSSES:
+        raise ValueError(f"group_loss {group_loss!r}; allowed: {', '.join(GROUP_LOSSES)}")
     loss = torch.as_tensor(losses, dtype=torch.float64).clamp(min=1e-10)
     p = torch.as_tensor(sizes, dtype=torch.float64)
     p = p / p.sum()
     g = torch.as_tensor(np.asarray(groups), dtype=torch.long)
-    group_loss = torch.zeros(int(g.max()) + 1, dtype=torch.float64).index_add_(0, g, p * loss)
-    group_loss = group_loss / torch.zeros_like(group_loss).index_add_(0, g, p)
-    scores = p.log() + (q + 1) * ((1 - beta) * loss.log() + beta * group_loss[g].log())
+    within = p if group_loss == "size_weighted" else torch.ones_like(p)  # each client's weight inside its group
+    group_mean = torch.zeros(int(g.max()) + 1, dtype=torch.float64).index_add_(0, g, within * loss)
+    group_mean = group_mean / torch.zeros_like(group_mean).index_add_(0, g, within)
+    scores = p.log() + (q + 1) * ((1 - beta) * loss.log() + beta * group_mean[g].log())
     return torch.softmax(scores, 0)

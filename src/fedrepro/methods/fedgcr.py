@@ -26,7 +26,21 @@ Choices (methods.md §5, [RECON] / [PAPER≠CODE]):
   ([RECON]; the code uses the previous global model on its first 3 batches).
 - GMM: scikit-learn, `covariance` 'diag' by default (the code's 'full' is degenerate with d-dim
   representations and 10-27 clients), reg_covar 1e-6, random_state derived from the seed and round.
-- L_k is not quantised (the code's Ea_k = int(100 / L_k)); the group loss is data-size weighted (code).
+- L_k is the client's local training loss, the running mean over its local epochs of the loss it
+  minimises (Algorithm 1: LocalUpdate returns L; `loss_at: train`). [PAPER≠CODE] `loss_at: start`
+  is the code's: CE of the received global model on the whole train split (the code measures it
+  right after aggregation, `federated/train.py:364-368`, Ea_k = int(100 / L_k), and uses it in the
+  next aggregation); L_k is not quantised and round 1 uses the measured loss (the code: 1.0).
+- The group loss L~_i is the plain mean over the group's clients (Eq. 3, Algorithm 1 line 8;
+  `group_loss: mean`). [PAPER≠CODE] `group_loss: size_weighted` is the code's data-size weighted
+  mean (`utils/util.py:1129-1137`).
+- The head is an MLP (paper §Model Design, Fig. 2, Algorithm 1: "MLP classification head", phi):
+  `head: mlp` replaces the model's linear head by the code's own nonlinear head, DomainBed's
+  `Classifier(d, C, is_nonlinear=True)` = Linear(d, d/2) ReLU Linear(d/2, d/4) ReLU Linear(d/4, C)
+  (`utils/networks.py:275-283`; [RECON] the paper gives no layers). [PAPER≠CODE] `head: linear`
+  keeps the model's Linear(d, C), the code's default (`nonlinear_classifier: False`,
+  `domainbed/hparams_registry.py:39`). The FedGR-only ablation keeps the baselines' linear head
+  (the code's mode 'ablation' runs the baselines' VPT model).
 - One fresh optimizer per round from `training.optimizer` (paper: AdamW, lr 1e-3); the code keeps a
   per-client AdamW with prompt lr 1e-2 across rounds.
 - Ablations (Table 5): `group_customization: false` is FedGR only: no GC-Net (the model's
@@ -45,13 +59,14 @@ from ..io import derive_seed
 from ..registry import ConfigError, Param
 from . import register
 from ._fair import LOSS_AT, LossWeighted, global_loss, mix
-from ._fedgr import (BETA_SCHEDULES, COVARIANCE_PARAM, beta_at, class_balanced_mean, cluster_clients, cluster_purity,
+from ._fedgr import (BETA_SCHEDULES, COVARIANCE_PARAM, GROUP_LOSSES, beta_at, class_balanced_mean, cluster_clients, cluster_purity,
                      fedgr_weights)
 from .base import Update, select
 from .moon import model_contrastive_loss
 
 MESSAGE = "fedgcr/"  # payload entries that are not model parameters (cluster centres, cluster id)
 LOSS_FORMS = ("paper", "code_compat")
+HEADS = ("mlp", "linear")
 CODE_W_CON, CODE_RA_WEIGHT = 0.1, 0.5  # the code's w_con and its 0.5 on l_RA
 
 
@@ -64,6 +79,14 @@ def group_contrastive_loss(h: torch.Tensor, centres: torch.Tensor, own: int, rep
         refs = torch.cat([refs, rep_prev.unsqueeze(0)])
     logits = F.cosine_similarity(h.unsqueeze(1), refs.unsqueeze(0).to(h), dim=2, eps=1e-8) / tau
     return F.cross_entropy(logits, torch.zeros(len(h), dtype=torch.long, device=h.device))
+
+
+def mlp_head(linear: torch.nn.Linear) -> torch.nn.Module:
+    """The MLP classification head phi in place of `linear` (d -> C): DomainBed's nonlinear
+    Classifier, d -> d/2 -> d/4 -> C with ReLUs (the code's utils/networks.py:275-283)."""
+    d, c = linear.in_features, linear.out_features
+    return torch.nn.Sequential(torch.nn.Linear(d, d // 2), torch.nn.ReLU(), torch.nn.Linear(d // 2, d // 4), torch.nn.ReLU(),
+                               torch.nn.Linear(d // 4, c))
 
 
 @register
@@ -93,7 +116,18 @@ class FedGCR(LossWeighted):
         "covariance": COVARIANCE_PARAM,
         "reg_covar": Param(1e-6, "[RECON] GMM reg_covar (scikit-learn's default 1e-6, kept >= 1e-6 for a stable fit)",
                            float, minimum=1e-6, maximum=1.0),
-        "loss_at": LOSS_AT,
+        "head": Param("mlp", "classification head phi with the GC-Net: 'mlp' = Linear(d, d/2) ReLU Linear(d/2, d/4) ReLU "
+                             "Linear(d/4, C) (paper: 'MLP classification head'; layers [RECON] from the code's DomainBed "
+                             "nonlinear Classifier); [PAPER≠CODE] 'linear' = the model's Linear(d, C) (the code's default, "
+                             "nonlinear_classifier False). FedGR only (group_customization false) keeps the linear head",
+                      str, choices=HEADS),
+        "group_loss": Param("mean", "L~_i of Eq. 3: 'mean' = plain mean of L_k over the group's clients (paper Eq. 3, "
+                                    "Algorithm 1); [PAPER≠CODE] 'size_weighted' = mean weighted by the clients' data sizes "
+                                    "(the code's utils/util.py communication)", str, choices=GROUP_LOSSES),
+        "loss_at": Param("train", "which loss L_k a client reports: 'train' = running mean of its local training loss "
+                                  "(paper Algorithm 1: LocalUpdate returns L); [PAPER≠CODE] 'start' = CE of the received "
+                                  "global model on its whole train split (the code's post-aggregation train loss, "
+                                  "federated/train.py Eas)", str, choices=LOSS_AT.choices),
     }
 
     models = ("prompted_vit",)
@@ -116,6 +150,8 @@ class FedGCR(LossWeighted):
             raise ConfigError("method 'fedgcr': needs the model 'prompted_vit' (prompts, GC-Net, frozen ViT); allowed "
                               "model: prompted_vit")
         model.use_type_prompt(self.hp["group_customization"])  # before the server copies the trainable part
+        if self.hp["group_customization"] and self.hp["head"] == "mlp" and isinstance(model.head, torch.nn.Linear):
+            model.head = mlp_head(model.head).to(next(model.head.parameters()).device)
         super().setup()
         self.server["cluster_acc"] = []  # [round, accuracy] per round (when the clients' types are known)
         types = {c.client_type for c in self.engine.clients}
@@ -149,7 +185,7 @@ class FedGCR(LossWeighted):
         sizes = self.sizes(updates)
         if self.hp["group_reweighting"]:
             beta = beta_at(r, self.hp["beta_schedule"], self.hp["delta"], self.hp["gamma"])
-            weights = fedgr_weights(self.losses(updates), sizes, labels, beta, self.hp["q"])
+            weights = fedgr_weights(self.losses(updates), sizes, labels, beta, self.hp["q"], self.hp["group_loss"])
         else:
             weights = torch.as_tensor(sizes, dtype=torch.float64) / sum(sizes)
         self.server["global"] = {**self.server["global"], **mix(updates, weights)}

@@ -10,11 +10,15 @@ on Heterogeneous Medical Images", AAAI 2022), a domain-FL baseline of FedGCR (me
     alpha g / ||g||, take the gradient there, restore and step the base optimizer
     (`_perturbed.perturbed_step`; alpha = 0.05, the fedgcr code's WPOptim(Adam, lr 1e-2, alpha 0.05)).
 The server averages the uploads as FedAvg (prompts + head, and A in round 1).
+`amplitude: spectrum` (default) replaces each image's whole amplitude spectrum by A; `dc` is the
+FedGCR code's AmpNorm, which replaces only the zero-frequency amplitude (its window half-width
+floor(min(H, W) * L) is 0 at L = 0, `utils/amp_utils.pyx` `process` -> `normalize(..., L=0)`); both
+measured on fedgcr_cpu in docs/parity.md ("FedGCR and its baselines", issue 27).
 """
 
 from __future__ import annotations
 
-from ..models.prompted_vit import AMPLITUDE_KEY, mean_amplitude
+from ..models.prompted_vit import AMPLITUDE_KEY, AMPLITUDE_SCOPES, mean_amplitude
 from ..registry import ConfigError, Param
 from . import register
 from ._perturbed import perturbed_fit
@@ -29,6 +33,10 @@ class HarmoFL(FedAvg):
     paper = "Jiang, Wang, Dou, AAAI 2022"
     hparams = {
         "alpha": Param(0.05, "weight-perturbation radius alpha (HarmoFL and the fedgcr code: 0.05)", float, minimum=0),
+        "amplitude": Param("spectrum", "what the shared amplitude A replaces: 'spectrum' = each image's whole amplitude "
+                                       "spectrum (HarmoFL's amplitude normalisation as read here); 'dc' = only its "
+                                       "zero-frequency amplitude (the FedGCR code's AmpNorm: utils/amp_utils.pyx at L = 0)",
+                           str, choices=AMPLITUDE_SCOPES),
     }
 
     models = ("prompted_vit",)
@@ -37,12 +45,12 @@ class HarmoFL(FedAvg):
         model = self.engine.model
         if not hasattr(model, "use_amp_norm"):
             raise ConfigError("method 'harmofl': needs a model with amplitude normalisation; allowed model: prompted_vit")
-        model.use_amp_norm(True)  # the amplitude is part of the model from now on (it travels in round 1)
+        model.use_amp_norm(True, self.hp["amplitude"])  # the amplitude is part of the model from now on (it travels in round 1)
         super().setup()
 
     def broadcast(self, client):
         payload = super().broadcast(client)
-        if self.engine.round > 1:  # A is fixed after round 1: it is not sent again
+        if self.engine.round != 2:  # the global A goes down once, in round 2 (the round-1 buffer is replaced anyway)
             payload.pop(AMPLITUDE_KEY, None)
         return payload
 
@@ -52,6 +60,11 @@ class HarmoFL(FedAvg):
         first = engine.round <= 1
         if first:
             engine.set_params({AMPLITUDE_KEY: mean_amplitude(client.train.x)})
+        else:  # every later round trains with the global A the client received in round 2 (the code's
+            # communication() copies the averaged running_amp into every client and fixes it, utils/util.py:1051-1066)
+            if AMPLITUDE_KEY in payload:
+                client.state["amplitude"] = payload[AMPLITUDE_KEY].clone()
+            engine.set_params({AMPLITUDE_KEY: client.state["amplitude"]})
         fit = perturbed_fit(engine, client, self.hp["alpha"])
         params = engine.get_params(self.shared)
         if not first:

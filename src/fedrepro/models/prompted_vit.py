@@ -8,7 +8,8 @@ Cheng et al., "FedGCR", AAAI 2024, §"Group Customization" and methods.md §5.1:
 * GC-Net: Linear(d -> 4d) -> ReLU -> Linear(4d -> d) maps the prompt-free CLS embedding r of a
   sample to its type-specific prompt h; every global prompt of *that sample* becomes p_j + h
   (the paper's semantics; the code's `repeat(P, 1).reshape(B, P, d)` mixes samples, not copied);
-* head: Linear(d -> C) (the code's `nonlinear_classifier=False`).
+* head: Linear(d -> C) (the code's `nonlinear_classifier=False`); FedGCR replaces it by the paper's MLP
+  head unless `head: linear` (methods/fedgcr.py).
 
 Only the prompts, the GC-Net and the head train: `SplitModel.frozen_prefixes` names the backbone,
 so `Engine.get_params` never returns it and no method ever sends it (communication bytes count the
@@ -42,11 +43,22 @@ def mean_amplitude(x: torch.Tensor) -> torch.Tensor:
     return torch.fft.fft2(x).abs().mean(0)
 
 
-def amplitude_normalize(x: torch.Tensor, amplitude: torch.Tensor) -> torch.Tensor:
+AMPLITUDE_SCOPES = ("spectrum", "dc")
+
+
+def amplitude_normalize(x: torch.Tensor, amplitude: torch.Tensor, scope: str = "spectrum") -> torch.Tensor:
     """Each image keeps its phase and takes the shared amplitude: IFFT2(A exp(i phase(FFT2(x))))
-    (HarmoFL, Jiang, Wang, Dou, AAAI 2022, amplitude normalisation)."""
-    phase = torch.angle(torch.fft.fft2(x))
-    return torch.fft.ifft2(torch.polar(amplitude.expand_as(phase), phase)).real
+    (HarmoFL, Jiang, Wang, Dou, AAAI 2022, amplitude normalisation). `scope: dc` replaces only the
+    zero-frequency amplitude and keeps the rest of the image's own: the FedGCR code's AmpNorm, whose
+    low-frequency window has half-width floor(min(H, W) * L) = 0 at its L = 0 (utils/amp_utils.pyx)."""
+    spectrum = torch.fft.fft2(x)
+    phase = torch.angle(spectrum)
+    if scope == "dc":
+        amp = spectrum.abs()
+        amp[..., 0, 0] = amplitude[..., 0, 0]
+    else:
+        amp = amplitude.expand_as(phase)
+    return torch.fft.ifft2(torch.polar(amp, phase)).real
 WEIGHTS_TIMM, WEIGHTS_NONE = "timm", "none"
 
 
@@ -67,6 +79,7 @@ class PromptedViT(nn.Module):
         # HarmoFL's amplitude normalisation of the inputs (`use_amp_norm`): the shared amplitude spectrum
         self.register_buffer("amplitude", torch.zeros(tuple(sample_shape)))
         self.amp_norm_on = False
+        self.amp_scope = "spectrum"  # HarmoFL's `amplitude` hyper-parameter (`use_amp_norm`)
         self.resize = resize
         self.img_size = tuple(backbone.patch_embed.img_size) if getattr(backbone.patch_embed, "img_size", None) else None
 
@@ -78,7 +91,7 @@ class PromptedViT(nn.Module):
     def tokens(self, x: torch.Tensor) -> torch.Tensor:
         """[CLS + patch tokens] after the positional embeddings (the prompts go after these)."""
         if self.amp_norm_on:
-            x = amplitude_normalize(x, self.amplitude)
+            x = amplitude_normalize(x, self.amplitude, self.amp_scope)
         if self.resize and self.img_size is not None and tuple(x.shape[-2:]) != self.img_size:
             x = F.interpolate(x, size=self.img_size, mode="bilinear", align_corners=False)  # the paper resizes to 224
         bb = self.backbone
@@ -133,9 +146,13 @@ class PromptedSplitModel(SplitModel):
                 p.requires_grad_(on)
         self._refreeze()
 
-    def use_amp_norm(self, on: bool) -> None:
-        """HarmoFL: normalise every input's amplitude spectrum to `extractor.amplitude` (which then travels)."""
+    def use_amp_norm(self, on: bool, scope: str = "spectrum") -> None:
+        """HarmoFL: normalise every input's amplitude spectrum (`scope`: the whole spectrum, or the
+        zero-frequency amplitude only) to `extractor.amplitude` (which then travels)."""
+        if scope not in AMPLITUDE_SCOPES:
+            raise ValueError(f"amplitude scope {scope!r}; allowed: {', '.join(AMPLITUDE_SCOPES)}")
         self.extractor.amp_norm_on = on
+        self.extractor.amp_scope = scope
         self._refreeze()
 
     def _refreeze(self) -> None:
