@@ -210,7 +210,8 @@ def test_fedema_divergence_aware_ema(tiny_partition, make_cell):
     eng.method.setup()
     glob = eng.method.server["global"]
     client = eng.clients[0]
-    assert eng.method.start_params(client, glob) is glob  # first participation: the global model
+    first = eng.method.start_params(client, glob)
+    assert all(torch.equal(first[k], v) for k, v in glob.items())  # first participation: the global model
     enc = [k for k in glob if k.startswith("extractor.") and glob[k].is_floating_point()]
     local = {k: v + 1.0 if v.is_floating_point() else v for k, v in glob.items()}
     client.state["local"] = local
@@ -223,6 +224,53 @@ def test_fedema_divergence_aware_ema(tiny_partition, make_cell):
     start = eng.method.start_params(client, glob)  # half the divergence: mu = tau / 2
     k = enc[0]
     torch.testing.assert_close(start[k], glob[k] + 0.35 * 0.5)
+
+
+def test_fedema_keeps_the_target_network_on_the_client(tiny_partition, make_cell):
+    """FedEMA's paper: clients upload the online network only; the BYOL target stays local (a copy of
+    the online network at the first participation, then the client's own). Plato's one shared model
+    state is `code_compat_share_target` [PAPER≠CODE]."""
+    hp = {"proj_hidden": 8, "proj_dim": 4}
+    eng = method_engine(tiny_partition, make_cell, "fedema", hp)
+    eng.method.setup()
+    eng.round = 1
+    glob = eng.method.server["global"]
+    assert glob and not any(k.startswith("target_") for k in glob)  # the server holds no target network
+    c0, c1 = eng.clients[0], eng.clients[1]
+    start = eng.method.start_params(c0, glob)
+    for k in [k for k in start if k.startswith("target_")]:  # first participation: BYOL's init, the online copy
+        torch.testing.assert_close(start[k], glob[k[len("target_"):]])
+    update = eng.method.local_update(c0, glob)
+    assert not any(k.startswith("target_") for k in update.params)  # nothing of the target is uploaded
+    mine = c0.state["target"]
+    assert any(not torch.equal(mine[k], glob[k[len("target_"):]]) for k in mine)  # it followed the client's online network
+    eng.method.local_update(c1, glob)  # another client trains on the one model object in between
+    again = eng.method.start_params(c0, glob)
+    assert all(torch.equal(again[k], mine[k]) for k in mine)  # c0 gets its own target back
+    shared = method_engine(tiny_partition, make_cell, "fedema", {**hp, "code_compat_share_target": True})
+    shared.method.setup()
+    assert any(k.startswith("target_extractor.") for k in shared.method.server["global"])
+    assert "target" not in shared.clients[0].state
+
+
+def test_fedema_divergence_counts_weights_not_batchnorm_statistics(tiny_partition, make_cell):
+    """The paper's ||w_c - w_g|| is over the encoder's weights; Plato's over its state_dict, BN running
+    statistics included (`code_compat_divergence_buffers` [PAPER≠CODE])."""
+    lam = {}
+    for buffers in (False, True):
+        eng = method_engine(tiny_partition, make_cell, "fedema", {"proj_hidden": 8, "proj_dim": 4,
+                                                                  "code_compat_divergence_buffers": buffers})
+        eng.method.setup()
+        glob = {**eng.method.server["global"], "extractor.bn.running_var": torch.ones(5)}  # a BN buffer of the encoder
+        client = eng.clients[0]
+        client.state["local"] = {**glob, "extractor.bn.running_var": torch.ones(5) + 2.0}  # only the statistics moved ...
+        weights = [k for k in eng.method.divergence_keys(glob) if k != "extractor.bn.running_var"]
+        client.state["local"][weights[0]] = glob[weights[0]] + 1.0  # ... and one weight tensor, each entry by 1
+        n = glob[weights[0]].numel()
+        eng.method.start_params(client, glob)
+        lam[buffers] = client.state["lambda"]
+    assert lam[False] == pytest.approx(0.7 / math.sqrt(n))
+    assert lam[True] == pytest.approx(0.7 / math.sqrt(n + 5 * 4.0))  # the statistics' 5 x 2^2 counted too
 
 
 def test_local_linear_trains_alone_and_to_convergence_further(tiny_partition, make_cell):
