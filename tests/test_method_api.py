@@ -173,3 +173,16 @@ def test_select_filters_by_prefix():
     assert list(select(params, ("head.",))) == ["head.weight"]
     assert select(params, ()) == {}
     assert select(params, ("",)) == params
+
+
+def test_every_method_writes_its_local_update_once():
+    """No class of a registered method defines both forms of the local update (the per-client
+    `local_update` and the over-the-clients `local_updates`): the base class derives the other,
+    so the two cannot drift apart. Each method has one of them below `Method`."""
+    from fedrepro.methods import METHODS
+
+    for name in METHODS.names():
+        mro = METHODS.get(name).__mro__
+        assert not [k.__name__ for k in mro if k is not Method and {"local_update", "local_updates"} <= k.__dict__.keys()], name
+        assert any({"local_update", "local_updates"} & k.__dict__.keys() for k in mro if k is not Method), name
+

@@ -63,7 +63,7 @@ def test_ditto_personal_step_is_ce_step_plus_lambda_pull(tiny_partition, make_ce
     client, w, names = eng.clients[0], eng.method.server["global"], param_names(eng)
     v0 = perturbed(w, names)
     client.state["v"] = {k: t.clone() for k, t in v0.items()}
-    eng.method.train_personal(client, w)  # one personal epoch = one full-batch step
+    eng.method.train_personal([client], w)  # one personal epoch = one full-batch step
     g = ce_grad(eng, v0, client.train.x, client.train.y)
     expected = {k: v0[k] - eng.lr * (g[k] + lam * (v0[k] - w[k])) for k in names}
     assert close(client.state["v"], expected, names)
@@ -90,7 +90,7 @@ def test_ditto_first_participation_starts_the_personal_model_from_the_initial_mo
     eng = engine_with(make_cell, tiny_partition, "ditto", {"lam": 0.0}, batch_size=FULL_BATCH)
     client, names = eng.clients[0], param_names(eng)
     w = perturbed(eng.method.server["global"], names, scale=0.5)  # a global model far from the initial one
-    eng.method.train_personal(client, w, max_steps=0)  # no step: v is where training starts
+    eng.method.train_personal([client], w, max_steps=0)  # no step: v is where training starts
     assert close(client.state["v"], eng.initial_params, names, atol=0)
     assert not close(client.state["v"], w, names, atol=1e-3)
 

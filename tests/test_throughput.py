@@ -135,9 +135,9 @@ def test_cuda_graph_replays_skip_partly_frozen_fits(tiny_partition, make_cell, m
     """Where the step would replay as CUDA graphs, a partly frozen fit runs the eager model
     (on an H100 FedRep's replayed phases gave other uploads, docs/gpu.md); fully trainable
     fits keep the compiled step."""
-    import fedrepro.engine.engine as engine_module
+    import fedrepro.engine.training as training_module  # where `fit` lives
 
-    monkeypatch.setattr(engine_module, "replays_cuda_graphs", lambda setting, device: True)
+    monkeypatch.setattr(training_module, "replays_cuda_graphs", lambda setting, device: True)
     fedrep = method_engine(tiny_partition, make_cell, "fedrep", compile="aot_eager")
     run_rounds(fedrep, 1)
     assert fedrep._compiled is None

@@ -107,7 +107,7 @@ def paper_table_lines(path, exp: dict, config: dict) -> list[str]:
 def untrained_warnings(exp: dict) -> list[str]:
     """One line per (partition, training schedule, seed) whose client sampling leaves some
     clients untrained at the end: they are scored by the experiment's `evaluation.untrained`."""
-    from .engine.engine import sampling_schedule, trained_rounds
+    from .engine.sampling import sampling_schedule, trained_rounds
 
     specs = {(p["dataset"], p["label"]): p["spec"] for p in exp["partitions"]}
     seen: dict[tuple, list[str]] = {}

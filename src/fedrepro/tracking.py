@@ -61,7 +61,7 @@ class Tracker:
 
     def round(self, r: int, train_loss: float, bytes_up: int, bytes_down: int,
               stats: dict[str, dict[str, float]] | None) -> None:
-        """Round r's values; `stats` (fedrepro.engine.engine.summaries of the test split) at an evaluated round."""
+        """Round r's values; `stats` (fedrepro.engine.record.summaries of the test split) at an evaluated round."""
         if self.writer is None:
             return
         try:

@@ -1,6 +1,9 @@
-"""The dataset registry: where each raw dataset comes from and how it is read.
+"""The datasets: where each raw dataset comes from and how it is read, and what is known about
+each before reading it (sample counts, shapes, official test sets, group columns).
 
-Each dataset is a `DatasetSpec` with two steps:
+Importing this module registers every built-in dataset in `DATASETS` (the registry itself
+lives in fedrepro.data.dataset_registry; its names are importable from here too). Each
+dataset is a `DatasetSpec` with two steps:
 
 * `prepare(root, params)` makes the raw files present under `root` (copy from a
   local system package, or download). It is idempotent and the only step that
@@ -18,47 +21,16 @@ import gzip
 import os
 import shutil
 import struct
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
 from fedrepro.data.base import DataMissingError, RawDataset
+# The registry lives apart from its entries (no import circle); its names stay importable from here.
+from fedrepro.data.dataset_registry import DATASETS, DatasetSpec, _register, _resolve, load_dataset, register_dataset  # noqa: F401
 from fedrepro.io import atomic_path
-from fedrepro.registry import Param, Registry, resolve_params
-
-
-@dataclass(frozen=True)
-class DatasetSpec:
-    """How to obtain and read one dataset, plus the facts `fedrepro list` prints."""
-
-    name: str
-    summary: str  # one line
-    source: str  # where the data comes from (URL / package)
-    num_classes: int
-    sample_shape: tuple
-    size: str  # human readable
-    params: dict[str, Param]
-    prepare: Callable[[Path, dict], None]  # make raw files present under root; idempotent
-    load: Callable[[Path, dict], RawDataset]  # raw files under root -> RawDataset; offline
-
-
-DATASETS: Registry[DatasetSpec] = Registry[DatasetSpec]("dataset", plugin_group="fedrepro.datasets")
-
-
-def _register(spec: DatasetSpec) -> DatasetSpec:
-    DATASETS.add(spec.name, spec, spec.summary, spec.params, source=spec.source, size=spec.size)
-    return spec
-
-
-#: The public name plugins register a dataset with (docs/plugins.md).
-register_dataset = _register
-
-
-def _resolve(name: str, params: dict | None) -> tuple[DatasetSpec, dict[str, Any]]:
-    spec = DATASETS.get(name)  # unknown name -> ConfigError listing the allowed names
-    return spec, resolve_params(f"dataset '{name}'", spec.params, params)
+from fedrepro.registry import Param
 
 
 def prepare_dataset(name: str, root: Path, params: dict | None = None) -> dict[str, Any]:
@@ -165,12 +137,6 @@ def has_official_test(name: str, params: dict[str, Any]) -> bool:
 def group_columns(name: str) -> tuple[str, ...]:
     """The per-sample group columns (RawDataset.groups) that dataset `name` provides."""
     return _GROUPS.get(name, ())
-
-
-def load_dataset(name: str, root: Path, params: dict | None = None) -> RawDataset:
-    """Read dataset `name` from `root` (no network); `DataMissingError` if absent."""
-    spec, resolved = _resolve(name, params)
-    return spec.load(Path(root), resolved)
 
 
 # --------------------------------------------------------------------------- fmnist
@@ -485,6 +451,6 @@ _register(
     )
 )
 
-# More datasets, registered on import (they use `DatasetSpec` and `_register` above).
+# More datasets, registered on import (their modules use fedrepro.data.dataset_registry, not this one).
 from fedrepro.data import vision as _vision  # noqa: E402,F401
 from fedrepro.data import domains as _domains  # noqa: E402,F401

@@ -66,7 +66,7 @@ from typing import Any, Callable
 import numpy as np
 
 from fedrepro.data.base import DataMissingError, RawDataset
-from fedrepro.data.datasets import DatasetSpec, _register
+from fedrepro.data.dataset_registry import DatasetSpec, _register
 from fedrepro.registry import Param
 
 Params = dict[str, Any]

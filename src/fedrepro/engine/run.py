@@ -15,7 +15,9 @@ from ..io import clean_stale, write_json_atomic
 from ..provenance import collect
 from ..registry import ConfigError
 from .data import load_clients, load_split
-from .engine import Engine, TrainingDiverged, metrics_cell
+from .engine import Engine
+from .loop import TrainingDiverged
+from .record import metrics_cell
 
 
 def pick_device(name: str = "auto") -> torch.device:

@@ -27,7 +27,8 @@ sequential `Engine.fit` calls, to floating-point tolerance:
 Where it cannot be the same computation, the sequential path runs (`vectorize_blocker`):
 a custom `loss_fn`, a model with dropout (random per sample) or BatchNorm running
 statistics (buffers updated in place). A method opts in with its class attribute
-`vectorized = True` (`Method.local_updates` then uses `fit_many`).
+`vectorized = True` (its `Method.local_updates` then run in one vectorized round, and
+its `fit_many` calls here).
 
 Compiled step (`compiled_model`). `torch.compile` of the model object (forward and, via
 AOTAutograd, backward); on CUDA with mode "reduce-overhead" the step is replayed as a CUDA
@@ -41,16 +42,17 @@ inductor and aot_eager without CUDA graphs match eager for both phases (tests/te
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..methods.base import ClientFit  # the engine <-> method contract (re-exported here)
+
 if TYPE_CHECKING:  # pragma: no cover
+    from ..methods.base import Engine  # the tools a fit uses (a protocol: this module never imports engine.py)
     from .data import Client
-    from .engine import Engine
 
 Params = dict[str, torch.Tensor]
 
@@ -69,15 +71,6 @@ def vectorize_blocker(model: nn.Module, loss_fn: Callable | None = None) -> str 
         if isinstance(m, _NORM) and m.track_running_stats:
             return f"BatchNorm running statistics ({name}) are updated in place"
     return None
-
-
-@dataclass
-class ClientFit:
-    """One client's result of `fit_many`: its trained parameters and buffers, its loss."""
-
-    params: Params
-    loss: float
-    steps: int
 
 
 class _StackedView:

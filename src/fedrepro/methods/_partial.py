@@ -13,18 +13,13 @@ extractor local):
   personalized models, heads included"; methods.md §1.6).
 
 Subclasses set `shared` and, where local training is not one joint fit (FedRep), override
-`train`.
+`train` (over the sampled clients, through `engine.fit_many`).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-from .base import FitResult, Params, Update, select, weighted_average
+from .base import ClientFit, Params, Update, select, weighted_average
 from .fedavg import FedAvg
-
-if TYPE_CHECKING:  # pragma: no cover
-    from ..engine.vectorized import ClientFit
 
 
 class PartialSharing(FedAvg):
@@ -37,25 +32,16 @@ class PartialSharing(FedAvg):
         return {k: v for k, v in params.items() if not k.startswith(self.shared)}
 
     # -- client ---------------------------------------------------------------------
-    def local_update(self, client, payload):
-        self.engine.set_params({**self.personal_params(client), **payload})
-        fit = self.train(client)
-        client.state["local"] = self.own_part(self.engine.get_params())
-        return Update(client.id, client.num_train, self.engine.get_params(self.shared), loss=fit.loss)
-
-    def train(self, client) -> FitResult:
-        """Joint training of the whole model for the configured local epochs (FedPer, LG-FedAvg)."""
-        return self.engine.fit(client)
-
     def local_updates(self, clients, payloads):
-        # `local_update` of all sampled clients at once (subclasses opt in with `vectorized = True`).
-        fits = self.train_many(clients, [{**self.personal_params(c), **p} for c, p in zip(clients, payloads)])
+        # Each client trains its own part under the broadcast shared part, keeps its own part, uploads the shared one.
+        fits = self.train(clients, [{**self.personal_params(c), **p} for c, p in zip(clients, payloads)])
         for c, f in zip(clients, fits):
             c.state["local"] = self.own_part(f.params)
         return [Update(c.id, c.num_train, select(f.params, self.shared), loss=f.loss) for c, f in zip(clients, fits)]
 
-    def train_many(self, clients, starts) -> list[ClientFit]:
-        """`train` of every client from its start, vectorized (engine.fit_many)."""
+    def train(self, clients, starts) -> list[ClientFit]:
+        """Joint training of the whole model for the configured local epochs (FedPer, LG-FedAvg),
+        each client from its start (engine.fit_many)."""
         return self.engine.fit_many(clients, starts)
 
     # -- evaluation -------------------------------------------------------------------

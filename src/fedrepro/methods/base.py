@@ -1,25 +1,32 @@
 """The method API: what a federated method supplies to the engine.
 
 The engine owns the loop (rounds, client sampling, evaluation, checkpoints,
-bookkeeping). A method is one small class that says, like a paper's algorithm box:
+bookkeeping; docs/architecture.md shows one round). A method is one small class that
+says, like a paper's algorithm box:
 
 * `hparams`         its hyper-parameters with defaults (and their citation),
 * `shared`          which parameter prefixes travel ("extractor.", "head.", "" = all),
 * `extra_modules()` modules it adds to the model (an SSL projector, a target network),
 * `setup()`         its server state (`self.server`, checkpointed by the engine),
 * `broadcast()`     what the server sends a sampled client,
-* `local_update()`  the client's training, returning an `Update` (the upload),
+* the local update, written ONCE, in one of two forms:
+  `local_updates(clients, payloads)` over the sampled clients, training through
+  `engine.fit_many` (FedAvg and the methods built on it), or `local_update(client,
+  payload)` for one client, training through `engine.fit` and the other tools (methods
+  with their own inner loops); either form serves the other (the base class derives it),
 * `aggregate()`     how the server folds the round's updates into its state,
-* `vectorized`      opt-in (set on the class itself, never inherited): `local_updates()`
-  runs all sampled clients' local updates as one vectorized computation
-  (`engine.fit_many`), used when the config asks for it (`training.vectorize`),
+* `vectorized`      opt-in (set on the class itself, never inherited) for a method written
+  over the sampled clients: with `training.vectorize` the engine then calls its
+  `local_updates` once per round and `fit_many` runs the clients' fits as one vectorized
+  computation; otherwise the engine calls `local_update` client by client and `fit_many`
+  loops over `fit`,
 * `global_params()` / `personal_params()` which models are evaluated
   (`personalize_unseen()`: how a client that never trained gets its personal model).
 
 Per-client persistent state lives in `client.state` (checkpointed too), so personal
 heads, control variates, discriminators or prototypes need no engine change. The
-engine's tools (`self.engine.fit`, `get_params`, `set_params`, `features`, ...) train the
-one shared model object with parameters swapped in.
+engine's tools (`self.engine.fit`, `fit_many`, `get_params`, `set_params`, `features`, ...)
+train the one shared model object with parameters swapped in.
 """
 
 from __future__ import annotations
@@ -55,6 +62,15 @@ class FitResult:
     steps: int
 
 
+@dataclass
+class ClientFit:
+    """One client's result of `fit_many`: its trained parameters and buffers, its loss."""
+
+    params: Params
+    loss: float
+    steps: int
+
+
 class Engine(Protocol):
     """The engine's tools a method uses (implemented by `fedrepro.engine.engine.Engine`)."""
 
@@ -77,6 +93,7 @@ class Engine(Protocol):
     def batches(self, client: "Client", **kw: Any) -> Iterator[tuple[torch.Tensor, torch.Tensor]]: ...
     def optimizer(self, params: Iterable[torch.Tensor], lr: float | None = None) -> torch.optim.Optimizer: ...
     def fit(self, client: "Client", **kw: Any) -> FitResult: ...
+    def fit_many(self, clients: list["Client"], starts: list[Params], **kw: Any) -> list[ClientFit]: ...
     def forward_with(self, params: Params, x: torch.Tensor, features: bool = False) -> torch.Tensor: ...
     def features(self, x: torch.Tensor) -> torch.Tensor: ...
     def finetune_head(self, params: Params, client: "Client", **kw: Any) -> Params: ...
@@ -107,8 +124,8 @@ class Method:
     # methods/search_spaces.yaml (a plugin); None and no yaml entry: tuning uses the shared lr grid only.
     search_space: ClassVar[dict[str, list] | None] = None
     search_source: ClassVar[str] = ""
-    # The class's own `local_updates` equals its `local_update` per client (engine/vectorized.py).
-    # Read from the class's own namespace: a subclass that changes the local update must opt in again.
+    # The class's own local update may run as one vectorized round (engine/vectorized.py). Read from
+    # the class's own namespace: a subclass that changes the local update must opt in again.
     vectorized: ClassVar[bool] = False
 
     @classmethod
@@ -142,13 +159,17 @@ class Method:
         self.server["global"] = {**self.server["global"], **weighted_average(updates)}
 
     # -- client ---------------------------------------------------------------------
+    # A method writes ONE of the two: the other is derived from it here.
     def local_update(self, client: "Client", payload: Params) -> Update:
-        raise NotImplementedError
+        """One client's local update: its training from `payload`, returning its upload."""
+        if type(self).local_updates is Method.local_updates:
+            raise NotImplementedError(f"{self.name} has no local update (write local_update or local_updates)")
+        return self.local_updates([client], [payload])[0]
 
     def local_updates(self, clients: list["Client"], payloads: list[Params]) -> list[Update]:
-        """`local_update` of every sampled client as one vectorized computation (only called for
-        a method whose class sets `vectorized = True`)."""
-        raise NotImplementedError(f"{self.name} has no vectorized local update")
+        """The local updates of `clients` (the round's sampled clients, or one), training through
+        `engine.fit_many`; derived here, client by client, for a method that writes `local_update`."""
+        return [self.local_update(c, p) for c, p in zip(clients, payloads)]
 
     # -- evaluation -------------------------------------------------------------------
     def global_params(self) -> Params | None:

@@ -36,27 +36,19 @@ class Ditto(FedAvg):
     has_personal = True
     vectorized = True
 
-    def local_update(self, client, payload):
-        self.train_personal(client, payload)
-        return super().local_update(client, payload)  # the global model: plain FedAvg
-
     def local_updates(self, clients, payloads):
-        # Step 1 for all sampled clients at once (the anchor w^t is the same broadcast for all), then step 2.
+        self.train_personal(clients, payloads[0])  # step 1 (the anchor w^t: the broadcast, the same for all)
+        return super().local_updates(clients, payloads)  # step 2, the global model: plain FedAvg
+
+    def train_personal(self, clients, global_params, max_steps=None):
+        """Personal epochs on CE from each client's previous v (first time: the initial model),
+        pulled towards the received global model w^t (the anchor stays fixed all round)."""
         starts = [client.state.get("v", self.engine.initial_params) for client in clients]
-        fits = self.engine.fit_many(clients, starts, epochs=self.hp["personal_epochs"],
-                                    before_step=proximal_hook(payloads[0], self.hp["lam"]))
+        fits = self.engine.fit_many(clients, starts, epochs=self.hp["personal_epochs"], max_steps=max_steps,
+                                    before_step=proximal_hook(global_params, self.hp["lam"]))
         for client, fit in zip(clients, fits):
             client.state["v"] = fit.params
-        return super().local_updates(clients, payloads)
-
-    def train_personal(self, client, global_params, max_steps=None):
-        """Personal epochs on CE from the client's previous v (first time: the initial model),
-        pulled towards the received global model w^t (the anchor stays fixed all round)."""
-        self.engine.set_params(client.state.get("v", self.engine.initial_params))
-        fit = self.engine.fit(client, epochs=self.hp["personal_epochs"], max_steps=max_steps,
-                              before_step=proximal_hook(global_params, self.hp["lam"]))
-        client.state["v"] = self.engine.get_params()
-        return fit
+        return fits
 
     def personal_params(self, client):
         # A client never sampled has no v yet (the engine's untrained rule decides how it is scored).

@@ -19,14 +19,10 @@ class FedAvg(Method):
     paper = "McMahan et al., AISTATS 2017"
     vectorized = True
 
-    def local_update(self, client, payload):
-        self.engine.set_params(self.start_params(client, payload))
-        fit = self.engine.fit(client, **self.fit_options(client, payload))
-        return Update(client.id, client.num_train, self.engine.get_params(self.shared), loss=fit.loss)
-
     def local_updates(self, clients, payloads):
-        # The same local update for all sampled clients at once; `fit_options` must not depend on
-        # the client (FedProx's anchor is the broadcast, identical for every client).
+        # One fit per client from its start (engine.fit_many: vectorized or client by client);
+        # `fit_options` must not depend on the client when vectorized (FedProx's anchor is the
+        # broadcast, identical for every client).
         starts = [self.start_params(c, p) for c, p in zip(clients, payloads)]
         fits = self.engine.fit_many(clients, starts, **self.fit_options(clients[0], payloads[0]))
         return [Update(c.id, c.num_train, select(f.params, self.shared), loss=f.loss) for c, f in zip(clients, fits)]

@@ -41,10 +41,6 @@ class FedRep(PartialSharing):
 
     vectorized = True
 
-    def train(self, client):
-        self.engine.fit(client, epochs=self.hp["head_epochs"], trainable=("head.",))
-        return self.engine.fit(client, epochs=self.hp["body_epochs"], trainable=self.shared)
-
-    def train_many(self, clients, starts):
+    def train(self, clients, starts):
         heads = self.engine.fit_many(clients, starts, epochs=self.hp["head_epochs"], trainable=("head.",))
         return self.engine.fit_many(clients, [h.params for h in heads], epochs=self.hp["body_epochs"], trainable=self.shared)

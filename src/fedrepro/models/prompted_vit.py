@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..registry import ConfigError, Param, show
-from . import MAX_WIDTH, MODELS, SplitModel
+from .base import MAX_WIDTH, MODELS, SplitModel
 
 BACKBONE_PREFIX = "extractor.backbone."
 GC_NET_PREFIX = "extractor.gc_net."

@@ -8,7 +8,7 @@ from typing import Sequence
 import numpy as np
 
 from fedrepro.data.base import DataMissingError, RawDataset
-from fedrepro.data.datasets import DatasetSpec, _register
+from fedrepro.data.dataset_registry import DatasetSpec, _register
 from fedrepro.registry import Param
 from fedrepro.data.domains._common import (DIGIT_MEAN, DIGIT_STD, _check_list, _digit_labels, _missing, _stack_splits,
                                            evenly_spaced, to_rgb_chw)

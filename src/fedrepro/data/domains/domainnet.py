@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Sequence
 
 from fedrepro.data.base import DataMissingError, RawDataset
-from fedrepro.data.datasets import DatasetSpec, _register
+from fedrepro.data.dataset_registry import DatasetSpec, _register
 from fedrepro.data.downloads import Download, contained, extract_zip, fetch
 from fedrepro.io import replace_dir
 from fedrepro.registry import ConfigError, Param, show

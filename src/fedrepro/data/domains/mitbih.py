@@ -8,7 +8,7 @@ from typing import Sequence
 import numpy as np
 
 from fedrepro.data.base import DataMissingError, RawDataset
-from fedrepro.data.datasets import DatasetSpec, _register
+from fedrepro.data.dataset_registry import DatasetSpec, _register
 from fedrepro.data.downloads import UnpinnedDownloadError, file_digests, record, require_unpinned_ok
 from fedrepro.registry import ConfigError, Param
 from fedrepro.data.domains._common import _check_list, _missing

@@ -9,7 +9,7 @@ from typing import Callable
 import numpy as np
 
 from fedrepro.data.base import DataMissingError, RawDataset
-from fedrepro.data.datasets import DatasetSpec, _register
+from fedrepro.data.dataset_registry import DatasetSpec, _register
 from fedrepro.data.downloads import contained
 from fedrepro.registry import Param, show
 from fedrepro.data.domains._common import (DIGIT_MEAN, DIGIT_STD, _digit_labels, _missing, _stack_splits, read_images,

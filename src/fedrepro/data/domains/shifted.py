@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from fedrepro.data.base import RawDataset
-from fedrepro.data.datasets import DATASETS, DatasetSpec, _register, load_dataset
+from fedrepro.data.dataset_registry import DATASETS, DatasetSpec, _register, load_dataset
 from fedrepro.data.domains._common import _check_list
 from fedrepro.registry import ConfigError, Param
 

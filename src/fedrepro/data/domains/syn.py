@@ -8,7 +8,7 @@ from typing import Sequence
 import numpy as np
 
 from fedrepro.data.base import DataMissingError, RawDataset
-from fedrepro.data.datasets import DatasetSpec, _register
+from fedrepro.data.dataset_registry import DatasetSpec, _register
 from fedrepro.data.domains._common import _digit_labels, _missing, _stack_splits
 from fedrepro.data.domains.fedbn_digits import (FEDBN_DIGITS_URL, FEDBN_DIGITS_ZIP, FEDBN_HOW, _prepare_fedbn_digits,
                                                 fedbn_present, read_fedbn_digits)

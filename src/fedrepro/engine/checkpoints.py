@@ -1,0 +1,126 @@
+"""Checkpoints: what a cell saves between rounds and when a saved one is believed.
+
+Owns the checkpoint file (`training.checkpoint_every`; written atomically with torch.save):
+the cell's identity (its hash and its shards', fedrepro.custody), the last finished round,
+the method's server state, every client's state, the evaluation history and the per-round
+records. A checkpoint is resumed from only when it is readable with `weights_only`, belongs
+to this cell and partition, and is consistent; any other one is moved aside with a warning
+and the cell starts from round 0. Every function takes the cell's `Engine` (engine.py).
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import sys
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..custody import cell_identity, identity_mismatch, set_aside
+from ..io import atomic_path, short_hash
+from ..registry import show
+
+#: The keys of a checkpoint's state (its format; unchanged since the engine was split).
+KEYS = ("identity", "round", "server", "clients", "history", "per_round")
+
+
+class CheckpointRejected(Exception):
+    """Why a checkpoint is not resumed from (`load` moves it aside)."""
+
+
+def cell_key(engine) -> str:
+    return short_hash(engine.cell)
+
+
+def identity(engine) -> dict[str, Any]:
+    """What a checkpoint of this cell carries and must match to be resumed from: the cell (its
+    hash covers every setting, a tuned cell's selected values included) and its shards."""
+    if engine._identity is None:  # hashing the manifest once per cell, not per checkpoint
+        engine._identity = cell_identity(engine.cell, engine.manifest, cell_key(engine))
+    return engine._identity
+
+
+def save(engine, history: list, per_round: dict) -> None:
+    """Write the checkpoint after the current round (nothing without a checkpoint path)."""
+    if engine.checkpoint_path is None:
+        return
+    state = {"identity": identity(engine), "round": engine.round, "server": engine.method.server,
+             "clients": {c.id: c.state for c in engine.clients}, "history": history, "per_round": per_round}
+    # through a file object: a full disk is then the OSError ENOSPC that atomic_path names the
+    # file for (torch's own file writer reports it as "unexpected pos")
+    with atomic_path(engine.checkpoint_path) as tmp, open(tmp, "wb") as fh:
+        torch.save(state, fh)
+
+
+def load(engine) -> tuple[int, list, dict] | None:
+    """(round, history, per_round) of the checkpoint, with the server and client states restored;
+    None when there is none. A checkpoint that is damaged, of another cell or shards, or
+    inconsistent is never believed and never blocks: it is moved aside with a warning and the
+    cell starts from round 0."""
+    path = engine.checkpoint_path
+    if path is None or not os.path.lexists(path):
+        return None
+    try:
+        state = checked(engine, path)
+    except CheckpointRejected as exc:
+        moved = set_aside(path, str(exc))
+        print(f"[fedrepro] warning: checkpoint {path} {exc}; moved aside to {moved.name}, "
+              "the cell starts from round 0", file=sys.stderr)
+        return None
+    engine.method.server = state["server"]
+    for c in engine.clients:
+        c.state = state["clients"].get(c.id, {})
+    return state["round"], state["history"], state["per_round"]
+
+
+def checked(engine, path: Path) -> dict[str, Any]:
+    """The checkpoint's state, or CheckpointRejected saying what is wrong with it."""
+    if not path.is_file() or path.is_symlink():
+        raise CheckpointRejected("is not a regular file")
+    try:
+        with warnings.catch_warnings():  # torch warns about foreign pickle protocols: the rejection says enough
+            warnings.simplefilter("ignore")
+            state = torch.load(path, map_location=engine.device, weights_only=True)
+    except pickle.UnpicklingError:  # never repeat torch's advice to load it with weights_only=False
+        raise CheckpointRejected("holds objects other than tensors and plain containers (refused by "
+                                 "torch.load(weights_only=True))") from None
+    except Exception as exc:  # truncated, not a zip archive, unreadable: anything torch cannot load
+        detail = (str(exc).splitlines() or [""])[0][:120]
+        detail = "" if "weights_only" in str(exc) else f": {detail}"
+        raise CheckpointRejected(f"cannot be read ({type(exc).__name__}{detail}); it is truncated or damaged") from None
+    if not isinstance(state, dict) or not set(KEYS) <= set(state):
+        keys = sorted(map(str, state)) if isinstance(state, dict) else type(state).__name__
+        raise CheckpointRejected(f"is not a fedrepro checkpoint of this version (it has {show(keys)})")
+    problem = identity_mismatch(state["identity"], identity(engine))
+    if problem:
+        raise CheckpointRejected(f"belongs to another cell or partition ({problem})")
+    done, rounds = state["round"], engine.training["rounds"]
+    if not isinstance(done, int) or isinstance(done, bool) or not 1 <= done < rounds:
+        raise CheckpointRejected(f"has round {show(done)}; allowed: 1 <= round < {rounds}")
+    problem = history_problem(engine, done, state["history"], state["per_round"])
+    if problem:
+        raise CheckpointRejected(f"is inconsistent after round {done}: {problem}")
+    if not isinstance(state["clients"], dict) or not set(state["clients"]) <= {c.id for c in engine.clients}:
+        raise CheckpointRejected("has client states of clients this partition does not train")
+    return state
+
+
+def history_problem(engine, done: int, history: Any, per_round: Any) -> str | None:
+    """What is wrong with a checkpoint's records after round `done`, or None: `per_round` has one
+    entry per round, and `history` one record per evaluated round (training.eval_every) with
+    that round's training loss."""
+    if not isinstance(per_round, dict) or any(not isinstance(per_round.get(k), list) or len(per_round[k]) != done
+                                              for k in ("up", "down", "train_loss")):
+        return f"per_round must hold {done} values each of up, down and train_loss"
+    evaluated = [r for r in range(1, done + 1) if r % engine.training["eval_every"] == 0]
+    if not isinstance(history, list) or not all(isinstance(h, dict) for h in history):
+        return "its history is not a list of records"
+    got = [h.get("round") for h in history]
+    if got != evaluated:
+        return f"its history has the evaluated rounds {show(got)}; expected {show(evaluated)}"
+    if any(h.get("train_loss") != per_round["train_loss"][h["round"] - 1] for h in history):
+        return "its history's training losses differ from per_round's"
+    return None

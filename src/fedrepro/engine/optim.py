@@ -1,0 +1,49 @@
+"""Optimizers and the learning-rate schedule of local training.
+
+Owns the optimizer registry (`OPTIMIZERS`: the config's `training.optimizer.name` -> a torch
+optimizer over given parameters, LARS included) and `lr_at`, the learning rate of a round
+under `training.lr_schedule` (constant, multistep, cosine). Both are pure functions of the
+config: the engine builds a fresh optimizer for every fit at the round's rate.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable
+
+import torch
+
+
+def lars(params, lr: float, momentum: float, weight_decay: float) -> torch.optim.Optimizer:
+    """lightly's LARS with the trust coefficient 0.02 of Calibre's paper-era config (eta_lars,
+    methods.md §2.5); biases and normalisation weights (1-D tensors) are excluded from the layer-wise
+    adaptation and the weight decay, as there."""
+    from lightly.utils.lars import LARS
+
+    params = list(params)
+    groups = [{"params": [p for p in params if p.ndim > 1]}, {"params": [p for p in params if p.ndim <= 1], "weight_decay": 0.0}]
+    return LARS([g for g in groups if g["params"]], lr=lr, momentum=momentum, weight_decay=weight_decay, trust_coefficient=0.02)
+
+
+OPTIMIZERS: dict[str, Callable[..., torch.optim.Optimizer]] = {
+    "sgd": lambda params, lr, momentum, weight_decay: torch.optim.SGD(params, lr=lr, momentum=momentum, weight_decay=weight_decay),
+    "lars": lars,
+    "adam": lambda params, lr, momentum, weight_decay: torch.optim.Adam(params, lr=lr, weight_decay=weight_decay),
+    "adamw": lambda params, lr, momentum, weight_decay: torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay),
+}
+
+
+def lr_at(schedule: dict[str, Any], base_lr: float, round: int) -> float:
+    """Learning rate of a (1-based) round: constant, multistep (gamma or explicit values) or cosine."""
+    name = schedule["name"]
+    if name == "constant":
+        return base_lr
+    if name == "multistep":
+        passed = sum(round > m for m in schedule["milestones"])
+        if schedule.get("values"):
+            return schedule["values"][passed]
+        return base_lr * schedule["gamma"] ** passed
+    if name == "cosine":
+        total = schedule["total_rounds"]
+        return schedule["min_lr"] + 0.5 * (base_lr - schedule["min_lr"]) * (1 + math.cos(math.pi * (round - 1) / max(1, total)))
+    raise ValueError(f"unknown lr schedule {name!r}")
