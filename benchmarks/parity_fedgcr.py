@@ -94,6 +94,9 @@ from typing import Any
 import numpy as np
 import yaml
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from parity_pfllib import client_tensors, key_of, write_json  # noqa: E402  (one definition: the engine's tensors, cache keys, atomic JSON)
+
 os.environ.setdefault("TQDM_DISABLE", "1")  # the code's client loops wrap every batch in tqdm (read when tqdm is imported)
 REPO = Path(__file__).resolve().parents[1]
 CONFIG = REPO / "config" / "papers" / "fedgcr_cpu.yaml"
@@ -162,17 +165,6 @@ CLIENT_ROWS = [
 # --------------------------------------------------------------------------------------------
 
 
-def key_of(obj: Any, n: int = 12) -> str:
-    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:n]
-
-
-def write_json(path: Path, obj: Any) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=1, sort_keys=True, default=str))
-    os.replace(tmp, path)
-
-
 def mean_std(values: list[float]) -> tuple[float, float]:
     v = np.asarray([x for x in values if x is not None and not math.isnan(x)], dtype=float)
     if len(v) == 0:
@@ -190,24 +182,6 @@ def flag(diff: float, sd_a: float, sd_b: float) -> str:
 # --------------------------------------------------------------------------------------------
 # Data: the reference's DigitsDataset format
 # --------------------------------------------------------------------------------------------
-
-
-def client_tensors(manifest: dict, shards: list) -> dict[int, dict[str, tuple[np.ndarray, np.ndarray]]]:
-    """Every client's train/test (x float32 (N, C, H, W), y int64) exactly as fedrepro's engine
-    feeds them (`fedrepro.engine.data.to_split`, the manifest's mean/std, CPU)."""
-    import torch
-
-    from fedrepro.engine.data import to_split
-
-    mean = torch.tensor(manifest["mean"], dtype=torch.float32)
-    std = torch.tensor(manifest["std"], dtype=torch.float32)
-    out = {}
-    for s in shards:
-        out[s.id] = {}
-        for split in ("train", "test"):
-            t = to_split(s.x[split], s.y[split], mean, std, torch.device("cpu"))
-            out[s.id][split] = (t.x.numpy(), t.y.numpy())
-    return out
 
 
 def export_reference(manifest: dict, shards: list, out: Path) -> dict:

@@ -147,3 +147,17 @@ def kill_in_round_3_and_resume(monkeypatch, method: str, train, ckpt: Path, out_
     resumed = train()
     assert resumed["resources"]["resumed_from_round"] == 2
     return resumed
+
+
+def load_script(relative: str):
+    """A script of the repository (e.g. "benchmarks/parity_pfllib.py") imported as a module of its
+    file's name, registered in sys.modules (dataclasses and pickling look it up there)."""
+    import importlib.util
+    import sys
+
+    path = Path(__file__).resolve().parents[1] / relative
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[path.stem] = mod
+    spec.loader.exec_module(mod)
+    return mod

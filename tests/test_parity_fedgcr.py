@@ -4,9 +4,6 @@ to exactly fedrepro's client tensors, every client and split; and the shims' ren
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,18 +13,9 @@ from fedrepro.data.base import RawDataset
 from fedrepro.data.shards import load_partition, write_partition
 from fedrepro.engine.data import load_clients
 
-REPO = Path(__file__).resolve().parents[1]
+from conftest import load_script
 
-
-def _load_script():
-    spec = importlib.util.spec_from_file_location("parity_fedgcr", REPO / "benchmarks" / "parity_fedgcr.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["parity_fedgcr"] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
-parity = _load_script()
+parity = load_script("benchmarks/parity_fedgcr.py")
 
 
 def images(channels: int, n: int = 120, seed: int = 0) -> RawDataset:

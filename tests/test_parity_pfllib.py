@@ -3,9 +3,7 @@ normalised client tensors in PFLlib's npz format, and PFLlib's stdout is parsed 
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -17,18 +15,9 @@ from fedrepro.data.datasets import load_dataset
 from fedrepro.data.shards import load_partition, write_partition
 from fedrepro.engine.data import load_clients
 
-REPO = Path(__file__).resolve().parents[1]
+from conftest import load_script
 
-
-def _load_script():
-    spec = importlib.util.spec_from_file_location("parity_pfllib", REPO / "benchmarks" / "parity_pfllib.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["parity_pfllib"] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
-parity = _load_script()
+parity = load_script("benchmarks/parity_pfllib.py")
 
 
 def pfllib_read_data(dataset_dir: Path, idx: int, is_train: bool) -> dict:

@@ -3,9 +3,7 @@ FashionMNIST files read back as Plato's data source reads them equal fedrepro's 
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -15,18 +13,9 @@ import torch
 from fedrepro.data.shards import load_partition
 from fedrepro.engine.data import load_clients
 
-REPO = Path(__file__).resolve().parents[1]
+from conftest import load_script
 
-
-def _load_script():
-    spec = importlib.util.spec_from_file_location("parity_plato", REPO / "benchmarks" / "parity_plato.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["parity_plato"] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
-parity = _load_script()
+parity = load_script("benchmarks/parity_plato.py")
 
 
 def plato_fashion_mnist_client(data_path: Path, plato_client_id: int, train: bool):
