@@ -411,8 +411,14 @@ def parse_pfllib_stdout(text: str) -> dict[int, dict]:
     return trials
 
 
-def pfllib_command(python: str, algo: str, args: tuple, dataset: str, rounds: int, times: int, goal: str) -> list[str]:
-    flags = {**PFLLIB_FLAGS, "dataset": dataset, "algorithm": algo, "global_rounds": rounds, "times": times,
+def pfllib_flags(device: str = "cpu") -> dict:
+    """PFLlib's flags on `device` (part of its cache key: CPU and GPU runs are cached apart)."""
+    return {**PFLLIB_FLAGS, "device": device}
+
+
+def pfllib_command(python: str, algo: str, args: tuple, dataset: str, rounds: int, times: int, goal: str,
+                   device: str = "cpu") -> list[str]:
+    flags = {**pfllib_flags(device), "dataset": dataset, "algorithm": algo, "global_rounds": rounds, "times": times,
              "goal": goal, **dict(args)}
     cmd = [python, "-u", "main.py"]
     for k, v in flags.items():
@@ -420,13 +426,13 @@ def pfllib_command(python: str, algo: str, args: tuple, dataset: str, rounds: in
     return cmd
 
 
-def pfllib_key(run: P, dataset: str, rounds: int, src: str) -> str:
-    return key_of({"algo": run.algo, "args": run.args, "flags": PFLLIB_FLAGS, "dataset": dataset, "rounds": rounds,
+def pfllib_key(run: P, dataset: str, rounds: int, src: str, device: str = "cpu") -> str:
+    return key_of({"algo": run.algo, "args": run.args, "flags": pfllib_flags(device), "dataset": dataset, "rounds": rounds,
                    "pfllib_src": src})
 
 
 def pfllib_cache_path(args, run: P, dataset: str, src: str):
-    key = pfllib_key(run, dataset, args.rounds, src)
+    key = pfllib_key(run, dataset, args.rounds, src, args.device)
     return key, lambda s: args.work / "cache" / "pfllib" / f"{slug(run.algo)}__{key}__seed{s}.json"
 
 
@@ -444,7 +450,7 @@ def run_pfllib(args, run: P, seeds: list[int], dataset: str, system_dir: Path, s
     missing = [s for s in seeds if rerun or not path(s).exists()]
     if missing:
         times = max(missing) + 1
-        cmd = pfllib_command(args.pfllib_python, run.algo, run.args, dataset, args.rounds, times, f"parity{key}")
+        cmd = pfllib_command(args.pfllib_python, run.algo, run.args, dataset, args.rounds, times, f"parity{key}", args.device)
         log = args.work / "logs" / "pfllib" / f"{slug(run.algo)}__{key}.log"
         log.parent.mkdir(parents=True, exist_ok=True)
         env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONHASHSEED": "0"}
@@ -654,7 +660,7 @@ def output_path(args, ext: str) -> Path:
 
 def write_outputs(args, summary: list[dict], pres: dict, fres: dict) -> None:
     write_json(output_path(args, "json"), {"protocol": {"rounds": args.rounds, "seeds": args.seeds, "fraction": args.fraction,
-                                                         "pfllib_flags": PFLLIB_FLAGS, "fedrepro_training": FEDREPRO_TRAINING},
+                                                         "pfllib_flags": pfllib_flags(args.device), "fedrepro_training": FEDREPRO_TRAINING},
                                             "rows": summary,
                                             "pfllib_runs": [r for runs in pres.values() for r in runs.values()],
                                             "fedrepro_runs": [r for runs in fres.values() for r in runs.values()]})
@@ -713,7 +719,6 @@ def main(argv: list[str] | None = None) -> None:
     args.work = args.work.resolve()
     args.pfllib = args.pfllib.resolve()
     args.seeds = sorted(set(args.seeds))
-    PFLLIB_FLAGS["device"] = args.device  # part of PFLlib's cache key: CPU and GPU runs are cached apart
 
     rows = ROWS
     if args.methods:

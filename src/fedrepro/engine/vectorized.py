@@ -215,6 +215,6 @@ def compiled_model(model: nn.Module, setting: bool | str, device: torch.device) 
     backend, mode "reduce-overhead" (CUDA graphs) on CUDA and the default mode on the CPU;
     a string names another torch.compile backend ("aot_eager", "cudagraphs", ...)."""
     if setting is True or setting == "inductor":
-        mode = "reduce-overhead" if device.type == "cuda" else None
+        mode = "reduce-overhead" if replays_cuda_graphs(setting, device) else None  # CUDA graphs on a GPU
         return torch.compile(model, mode=mode)
     return torch.compile(model, backend=str(setting))
