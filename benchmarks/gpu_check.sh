@@ -89,22 +89,10 @@ print("snakemake", snakemake.__version__, "kornia", kornia.__version__, "lightly
 print(len(m.METHODS.names()), "methods")'
 } >"$WORK/logs/environment.log" 2>&1 || echo "[gpu_check] environment check failed: see logs/environment.log" >&2
 
-# stage NAME SECONDS CMD...: runs CMD with a time limit (0 = skipped), its output in logs/NAME.log,
-# and records name, exit status (-1 skipped, 124 out of time) and seconds in stages.tsv.
-stage() {
-  local name=$1 limit=$2 rc=0 t0
-  shift 2
-  if [ "$limit" = 0 ]; then
-    printf '%s\t-1\t0\n' "$name" >>"$WORK/stages.tsv"
-    return 0
-  fi
-  echo "[gpu_check] $name (at most ${limit} s)"
-  t0=$(date +%s%N)
-  timeout --kill-after=10 "$limit" "$@" >"$WORK/logs/$name.log" 2>&1 || rc=$?
-  local ms=$((($(date +%s%N) - t0) / 1000000))
-  printf '%s\t%s\t%d.%03d\n' "$name" "$rc" $((ms / 1000)) $((ms % 1000)) >>"$WORK/stages.tsv"
-  echo "[gpu_check] $name: exit $rc"
-}
+# stage NAME SECONDS CMD... (benchmarks/gpu_stage.sh): CMD with a time limit, logs/NAME.log, stages.tsv
+STAGE_DIR=$WORK STAGE_TAG=gpu_check
+# shellcheck source=benchmarks/gpu_stage.sh
+source "$REPO/benchmarks/gpu_stage.sh"
 
 # Snakemake in a directory of its own per experiment, local profile, gpu_slots > 1: cells side by
 # side on the device. --scheduler greedy: the ILP scheduler's solver (pulp) is not carried.

@@ -34,17 +34,14 @@ W=/tmp/gpu30
 LOGS=$W/logs
 mkdir -p "$LOGS"
 
-# run NAME LIMIT CMD...: CMD with min(LIMIT, time left before DEADLINE), output in $LOGS/NAME.log
+# The stages (benchmarks/gpu_stage.sh) end by DEADLINE; each prints its log's tail.
+STAGE_DIR=$W STAGE_TAG=gpu_session STAGE_DEADLINE=$((START + DEADLINE))
+: >"$W/stages.tsv"
+# shellcheck source=benchmarks/gpu_stage.sh
+source "$REPO/benchmarks/gpu_stage.sh"
 run() {
-  local name=$1 limit=$2 left rc=0
-  shift 2
-  left=$((DEADLINE - ($(date +%s) - START) - 10))
-  [ "$left" -lt "$limit" ] && limit=$left
-  if [ "$limit" -le 5 ]; then echo "[gpu_session] $name: skipped (no time left)"; return 0; fi
-  echo "[gpu_session] $name (at most $limit s)"
-  timeout --kill-after=5 "$limit" "$@" >"$LOGS/$name.log" 2>&1 || rc=$?
-  echo "[gpu_session] $name: exit $rc at $(($(date +%s) - START)) s"
-  tail -n 25 "$LOGS/$name.log"
+  stage "$@"
+  tail -n 25 "$LOGS/$1.log" 2>/dev/null || true
 }
 
 run throughput_pfllib 120 python3 benchmarks/gpu_throughput.py --clients 20 --batch 10 64 --rounds 1 --fraction 0.25 \
@@ -64,6 +61,6 @@ for method in FedAvg FedPer; do  # one method at a time: FedAvg's pair is comple
     --fedrepro-training '{"vectorize": true}'
   for f in "$W"/parity_f*_r2.*; do [ -e "$f" ] && cp "$f" "$W/tables/${method}_vectorized_$(basename "$f")"; done
 done
-(cd "$W" && tar -czf "$OUT/parity.tar.gz" tables logs cache 2>/dev/null)
+(cd "$W" && tar -czf "$OUT/parity.tar.gz" stages.tsv tables logs cache 2>/dev/null)
 echo "[gpu_session] done after $(($(date +%s) - START)) s; gpu_check.sh exit $check_rc"
 exit $check_rc
