@@ -140,6 +140,10 @@ MISUSE = [
     ("train-cell-id-unknown-cell", ["train", "{config}", "--cell-id", "digits/dir0.5/nomethod/seed0"], "--cell-id"),
     ("pretrain-backbone-threads-0", ["pretrain-backbone", "--spec", "{{}}", "--root", "{d}/raw", "--out", "{d}/b.pt",
                                      "--threads", "0"], "--threads"),
+    ("readings-ledger-missing", ["readings", "grp_fed", "--ledger", "{missing}"], "--ledger"),
+    ("readings-md-a-directory", ["readings", "grp_fed", "--md", "{dir}"], "--md"),
+    ("readings-nothing-to-do", ["readings"], "PAPER"),
+    ("readings-docs-without-markers", ["readings", "--docs", "{file}"], "<!-- readings:begin -->"),
 ]
 
 

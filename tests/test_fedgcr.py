@@ -222,6 +222,30 @@ def test_reweighting_and_customization_change_training(domain_partition, make_ce
         gcr_engine(domain_partition, make_cell, model={"gc_net": False}).run()
 
 
+def test_client_representation_model_and_fedgr_only_input_are_named_readings(domain_partition, make_cell):
+    """Issue 35: h~_k (Eq. 4) comes from the client's trained model by default (Algorithm 1 line 15, after
+    the epochs) and from the received global model with `representation_at: received`; without a GC-Net
+    FedGR clusters r by default and the prompted z with `fedgr_representation: prompted`."""
+    def rep(**hp):
+        engine = gcr_engine(domain_partition, make_cell, rounds=1, hparams=hp)
+        engine.method.setup()
+        engine.round = 1
+        client = engine.clients[0]
+        payload = engine.method.broadcast(client)
+        update = engine.method.local_update(client, payload)
+        trained = engine.method.client_representation(client)  # the uploaded model is in place
+        engine.set_params(payload)
+        return update.extras["rep"], trained, engine.method.client_representation(client)
+
+    sent, trained, received = rep()
+    assert torch.equal(sent, trained) and not torch.allclose(sent, received)
+    sent, trained, received = rep(representation_at="received")
+    assert torch.equal(sent, received) and not torch.allclose(sent, trained)
+    cls, _, _ = rep(group_customization=False)
+    prompted, _, _ = rep(group_customization=False, fedgr_representation="prompted")
+    assert cls.shape == prompted.shape and not torch.allclose(cls, prompted)
+
+
 @pytest.mark.parametrize("code", [False, True])
 def test_server_mixes_uploads_with_the_fedgr_weights(domain_partition, make_cell, code):
     hp = {"group_loss": "size_weighted", "loss_at": "start"} if code else {}
@@ -270,23 +294,24 @@ def test_code_compat_loss_weights(domain_partition, make_cell):
     assert paper == (0.5, 0.1, 0.5)
 
 
-def test_fedgcr_head_is_the_papers_mlp_and_the_codes_linear_head_is_an_option(domain_partition, make_cell):
-    """Issue 27: the paper's "MLP classification head" (d -> d/2 -> d/4 -> C, the code's nonlinear
-    Classifier) is the default with the GC-Net; `head: linear` is the code's Linear(d, C); the
-    FedGR-only ablation keeps the baselines' linear head."""
+def test_fedgcr_default_head_is_one_linear_layer_and_the_mlp_is_an_option(domain_partition, make_cell):
+    """Issue 35: the paper's "another MLP classification head" is the ViT's fine-tuning head of
+    Dosovitskiy et al. (its Fig. 2 footnote), one linear layer, as in the code's default: the default
+    head is the model's Linear(d, C); `head: mlp` (d -> d/2 -> d/4 -> C, the code's optional nonlinear
+    Classifier; the default of issue 27) is an option; the FedGR-only ablation keeps the linear head."""
     def head_of(**hp):
         engine = gcr_engine(domain_partition, make_cell, rounds=1, hparams=hp)
         engine.run()
         return engine.model.head, engine.method.server["global"]
 
-    mlp, params = head_of()
+    linear, params = head_of()
+    assert isinstance(linear, torch.nn.Linear) and "head.weight" in params and "head.4.weight" not in params
+    mlp, params = head_of(head="mlp")
     d = TINY_VIT["backbone_args"]["embed_dim"]
     widths = [(m.in_features, m.out_features) for m in mlp if isinstance(m, torch.nn.Linear)]
     assert widths == [(d, d // 2), (d // 2, d // 4), (d // 4, 4)]
     assert "head.4.weight" in params  # it trains and travels
-    linear, params = head_of(head="linear")
-    assert isinstance(linear, torch.nn.Linear) and "head.weight" in params
-    ablation, _ = head_of(group_customization=False)
+    ablation, _ = head_of(group_customization=False, head="mlp")
     assert isinstance(ablation, torch.nn.Linear)
 
 
@@ -296,7 +321,7 @@ def test_fedgcr_with_its_mlp_head_resumes_to_the_same_metrics(domain_partition, 
     from conftest import kill_in_round_3_and_resume
     from fedrepro.engine.run import train_cell
 
-    engine = gcr_engine(domain_partition, make_cell, rounds=3)
+    engine = gcr_engine(domain_partition, make_cell, rounds=3, hparams={"head": "mlp"})
     manifest, _ = load_partition(domain_partition)
     cell = {**engine.cell, "partition_id": manifest["partition_id"],
             "training": {**engine.cell["training"], "checkpoint_every": 1}}

@@ -248,37 +248,59 @@ def test_grp_fed_power_update_direction():
     assert next_power(10.0, std=1.0, prev_std=float("nan"), alpha=0.5) == 10.0  # first round: no sigma_0
 
 
-def test_grp_fed_power_aggregation_weights_and_adaptive_power(tiny_partition, make_cell):
-    eng = method_engine(tiny_partition, make_cell, "grp_fed", aggregation="power")  # the default before issue 26
-    m = eng.method
-    assert m.server["q"] == 10.0 and m.hp["alpha"] == 0.5
-    ups = fake_updates(eng, [1.0, 2.0])  # std 0.5
-    m.aggregate(ups)  # q_1 = 10: p = (1, 2^10) / (1 + 2^10)
-    w = [1 / 1025, 1024 / 1025]
-    for k in ("head.bias", "extractor.1.weight"):
-        assert torch.allclose(m.server["global"][k], mixed(ups, w, k), atol=1e-6)
-    assert m.server["q"] == 10.0 and m.server["prev_std"] == pytest.approx(0.5)
-    m.aggregate(fake_updates(eng, [1.0, 3.0]))  # std 1 > 0.5: q up
-    assert m.server["q"] == 10.5
-    ups = fake_updates(eng, [1.0, 1.5])  # aggregated with q = 10.5; std 0.25 < 1: q down
-    m.aggregate(ups)
-    w = power_weights([1.0, 1.5], 10.5).tolist()
-    assert torch.allclose(m.server["global"]["head.bias"], mixed(ups, w, "head.bias"), atol=1e-6)
-    assert m.server["q"] == 10.0
-    for losses in ([1.0, 1.4], [1.0, 1.3], [1.0, 1.2]):
-        m.aggregate(fake_updates(eng, losses))
-    assert m.server["q"] == 8.5
-    # metrics.json's `method` entry: the power each aggregation used, and sigma_t
-    assert [q for _, q in m.report()["q_per_round"]] == [10.0, 10.0, 10.5, 10.0, 9.5, 9.0]
-    assert [s for _, s in m.report()["loss_std_per_round"]][:3] == pytest.approx([0.5, 1.0, 0.25])
-
-
-def test_grp_fed_default_aggregation_is_the_hand_computed_qfedavg_step(tiny_partition, make_cell):
-    """q-FedAvg (Li et al. 2020, Algorithm 3) with GRP-FED's current power q_t = q_0 = 10 and L = 1/lr:
-    Δw_k = L (w - w_k), h_k = q F_k^(q-1) ||Δw_k||^2 + L F_k^q, w <- w - sum_k F_k^q Δw_k / sum_k h_k."""
+def test_grp_fed_default_update_is_the_power_average_of_the_training_losses(tiny_partition, make_cell, monkeypatch):
+    """Issue 35: the paper's "aggregating all trained global models, weighted by the global training loss
+    and the adaptive power q" (§3.2): the default global model is sum_k p_k w_k with p_k = F_k^q / sum_j
+    F_j^q, F_k the clients' training losses (what local_update reports), q = q_0 = 10 in round 1."""
     eng = method_engine(tiny_partition, make_cell, "grp_fed")
     m = eng.method
-    assert (m.hp["aggregation"], m.server["q"], m.hp["lipschitz"]) == ("qfedavg", 10.0, None)
+    assert (m.hp["aggregation"], m.hp["q_update"], m.hp["loss_at"]) == ("power", "before", "train")
+    payloads = {c.id: m.broadcast(c) for c in eng.clients[:3]}
+    ups = [m.local_update(c, payloads[c.id]) for c in eng.clients[:3]]
+    f = [u.extras["loss"] for u in ups]
+    assert f == [u.loss for u in ups] and len(set(f)) == 3  # the training losses, three different ones
+    m.aggregate(ups)
+    raw = [fk**10 for fk in f]
+    p = [r / sum(raw) for r in raw]
+    for k in ("head.bias", "extractor.1.weight"):
+        expected = sum(pk * u.params[k].double() for pk, u in zip(p, ups))
+        assert torch.allclose(m.server["global"][k].double(), expected, atol=1e-6), k
+
+
+def test_grp_fed_adapts_q_before_aggregating_with_it(tiny_partition, make_cell):
+    """§3.2: q is adjusted from this round's sigma of the losses, and "Finally" the models are aggregated
+    with it (`q_update: before`, the default); `q_update: after` applies it one round late."""
+    traces = {}
+    for when in ("before", "after"):
+        eng = method_engine(tiny_partition, make_cell, "grp_fed", q_update=when)
+        m = eng.method
+        assert m.server["q"] == 10.0 and m.hp["alpha"] == 0.5
+        ups = fake_updates(eng, [1.0, 2.0])  # std 0.5; round 1: no sigma_0, q stays 10
+        m.aggregate(ups)
+        w = [1 / 1025, 1024 / 1025]  # (1, 2^10) / (1 + 2^10)
+        assert torch.allclose(m.server["global"]["head.bias"], mixed(ups, w, "head.bias"), atol=1e-6)
+        assert m.server["q"] == 10.0 and m.server["prev_std"] == pytest.approx(0.5)
+        ups = fake_updates(eng, [1.0, 3.0])  # std 1 > 0.5: q up to 10.5
+        m.aggregate(ups)
+        used = 10.5 if when == "before" else 10.0
+        w = power_weights([1.0, 3.0], used).tolist()
+        assert torch.allclose(m.server["global"]["head.bias"], mixed(ups, w, "head.bias"), atol=1e-6)
+        assert m.server["q"] == 10.5
+        for losses in ([1.0, 1.5], [1.0, 1.4], [1.0, 1.3], [1.0, 1.2]):  # fairer every round: q down
+            m.aggregate(fake_updates(eng, losses))
+        assert m.server["q"] == 8.5
+        traces[when] = [q for _, q in m.report()["q_per_round"]]  # metrics.json: the power each aggregation used
+        assert [s for _, s in m.report()["loss_std_per_round"]][:3] == pytest.approx([0.5, 1.0, 0.25])
+    assert traces["before"] == [10.0, 10.5, 10.0, 9.5, 9.0, 8.5]
+    assert traces["after"] == [10.0, 10.0, 10.5, 10.0, 9.5, 9.0]
+
+
+def test_grp_fed_qfedavg_option_is_the_hand_computed_qfedavg_step(tiny_partition, make_cell):
+    """`aggregation: qfedavg` (the default of issues 26-34): q-FedAvg (Li et al. 2020, Algorithm 3) with
+    GRP-FED's power q_t = q_0 = 10 and L = 1/lr: Δw_k = L (w - w_k), h_k = q F_k^(q-1) ||Δw_k||^2 + L F_k^q,
+    w <- w - sum_k F_k^q Δw_k / sum_k h_k; it equals w - c (w - w_power), a damped power average."""
+    eng = method_engine(tiny_partition, make_cell, "grp_fed", aggregation="qfedavg")
+    m = eng.method
     glob = {k: v.double() for k, v in m.server["global"].items()}
     f = [0.9, 1.3, 1.1]
     ups = fake_updates(eng, f)
@@ -290,24 +312,47 @@ def test_grp_fed_default_aggregation_is_the_hand_computed_qfedavg_step(tiny_part
     for k in names:
         expected = glob[k] - sum(fk**q * d[k] for fk, d in zip(f, delta)) / h
         assert torch.allclose(m.server["global"][k].double(), expected, atol=1e-6), k
-    # not the normalised power weights of the old default (those would move the model by ~the shifts)
-    power = mixed(ups, power_weights(f, q).tolist(), "head.bias")
-    assert not torch.allclose(m.server["global"]["head.bias"], power, atol=1e-3)
-    assert m.server["q"] == 10.0  # first round: no previous std, q unchanged; adapted from the next round on
+    power = mixed(ups, power_weights(f, q).tolist(), "head.bias").double()
+    step, full = m.server["global"]["head.bias"].double() - glob["head.bias"], power - glob["head.bias"]
+    c = float(step.norm() / full.norm())
+    assert torch.allclose(step, c * full, atol=1e-6) and 0 < c < 0.5  # the same direction, a shorter step
 
 
 @pytest.mark.parametrize("lipschitz", [None, 20.0])
-def test_grp_fed_aggregation_is_qffls_step_with_the_same_L(tiny_partition, make_cell, lipschitz):
-    """GRP-FED versus q-FFL at q = q_0: the same uploads give the same global model (same L convention)."""
-    grp = method_engine(tiny_partition, make_cell, "grp_fed", lipschitz=lipschitz)
+def test_grp_fed_qfedavg_option_is_qffls_step_with_the_same_L(tiny_partition, make_cell, lipschitz):
+    """GRP-FED's qfedavg option versus q-FFL at q = q_0: the same uploads give the same global model."""
+    grp = method_engine(tiny_partition, make_cell, "grp_fed", aggregation="qfedavg", lipschitz=lipschitz)
     qffl = method_engine(tiny_partition, make_cell, "qffl", q=10.0, lipschitz=lipschitz)
     f = [0.7, 1.2, 1.0]
     grp.method.aggregate(fake_updates(grp, f))
     qffl.method.aggregate(fake_updates(qffl, f))
     assert all(torch.equal(v, qffl.method.server["global"][k]) for k, v in grp.method.server["global"].items())
-    other = method_engine(tiny_partition, make_cell, "grp_fed", lipschitz=5.0)
+    other = method_engine(tiny_partition, make_cell, "grp_fed", aggregation="qfedavg", lipschitz=5.0)
     other.method.aggregate(fake_updates(other, f))
     assert not torch.allclose(other.method.server["global"]["head.bias"], grp.method.server["global"]["head.bias"])
+
+
+@pytest.mark.parametrize("label,hp", [("qffl", {}), ("grp_fed", {"aggregation": "qfedavg"})])
+def test_qfedavg_with_L_one_over_lr_under_momentum_is_refused_before_any_job(label, hp):
+    """q-FedAvg with `lipschitz: null` (L = 1/lr) under momentum all but freezes the model (c ≈ 0.02 on
+    grp_fed_cpu): `fedrepro validate` refuses it, naming the key and the momentum-equivalent L."""
+    from fedrepro.config import resolve_experiment
+    from fedrepro.registry import ConfigError
+
+    config = yaml.safe_load((REPO / "config" / "test.yaml").read_text())
+    config["methods"] = {label: {"hparams": hp} if hp else {}}
+    config["training"]["optimizer"] = {"name": "sgd", "lr": 0.005, "momentum": 0.9}
+    with pytest.raises(ConfigError, match=rf"methods\.{label}\.hparams\.lipschitz' has value null.*momentum 0\.9.*= 20"):
+        resolve_experiment(config)
+    config["methods"][label] = {"hparams": {**hp, "lipschitz": 20.0}}
+    resolve_experiment(config)  # an explicit L is the user's choice
+    config["methods"][label] = {"hparams": hp} if hp else {}
+    config["training"]["optimizer"] = {"name": "sgd", "lr": 0.005}
+    resolve_experiment(config)  # plain SGD: 1/lr is q-FFL's own convention
+    if label == "grp_fed":
+        config["methods"][label] = {}
+        config["training"]["optimizer"] = {"name": "sgd", "lr": 0.005, "momentum": 0.9}
+        resolve_experiment(config)  # the power average has no L
 
 
 @pytest.mark.parametrize("epochs", [1, 2])
@@ -338,14 +383,13 @@ def test_grp_fed_reports_the_training_loss(tiny_partition, make_cell, monkeypatc
     assert old.method.local_update(c, payload).extras["loss"] == pytest.approx(global_loss(old, c, payload), rel=1e-6)
 
 
-@pytest.mark.parametrize("config", ["grp_fed.yaml", "grp_fed_cpu.yaml"])
-def test_grp_fed_papers_qffl_row_differs_from_grp_fed_only_by_what_grp_fed_adds(config):
-    """Issue 26: the q-FFL row runs GRP-FED's server step (same q-FedAvg form, q = q_0, L, reported loss),
-    so that GRP-FED versus q-FFL measures the adaptive q and the personal branch only."""
-    methods = yaml.safe_load((REPO / "config" / "papers" / config).read_text())["methods"]
-    resolved = {label: {k: p.default for k, p in METHODS.get(label).hparams.items()} | methods[label].get("hparams", {})
-                for label in ("qffl", "grp_fed")}
-    qffl, grp = resolved["qffl"], resolved["grp_fed"]
+def test_grp_fed_cpus_qfedavg_row_differs_from_qffl_only_by_what_grp_fed_adds():
+    """Issue 26: grp_fed_qfedavg runs q-FFL's server step (same q = q_0, L, reported loss), so that it
+    against q-FFL measures the adaptive q and the personal branch only."""
+    methods = yaml.safe_load((REPO / "config" / "papers" / "grp_fed_cpu.yaml").read_text())["methods"]
+    resolved = {label: {k: p.default for k, p in METHODS.get(methods[label].get("method", label)).hparams.items()}
+                | methods[label].get("hparams", {}) for label in ("qffl", "grp_fed_qfedavg")}
+    qffl, grp = resolved["qffl"], resolved["grp_fed_qfedavg"]
     assert grp["aggregation"] == "qfedavg" and qffl["q"] == grp["q0"]
     assert all(qffl[k] == grp[k] for k in ("lipschitz", "loss_at", "weight_by_size"))
 

@@ -56,8 +56,9 @@ def record_steps(eng):
 
 
 @pytest.mark.parametrize("cache", [True, False])
-def test_each_step_trains_only_its_part(tiny_partition, make_cell, cache):
-    eng = ready(make_engine(tiny_partition, make_cell, {"cache_features": cache}))
+@pytest.mark.parametrize("head_extractor", ["received", "updated"])
+def test_each_step_trains_only_its_part(tiny_partition, make_cell, cache, head_extractor):
+    eng = ready(make_engine(tiny_partition, make_cell, {"cache_features": cache, "head_extractor": head_extractor}))
     steps = record_steps(eng)
     client = eng.clients[0]
     payload = eng.method.broadcast(client)
@@ -65,19 +66,40 @@ def test_each_step_trains_only_its_part(tiny_partition, make_cell, cache):
     assert [s[0] for s in steps] == ["extractor", "local", "global"]
     (_, b1, a1, _), (_, b2, a2, h_i), (_, b3, a3, h_g) = steps
     f_g, h_g_t = part(a1, "extractor."), part(payload, "head.")
+    # the extractor the heads train on: eq. 5's received f_g^t by default, f_g' as the option
+    frozen = part(payload, "extractor.") if head_extractor == "received" else f_g
 
     # step 1: from the received model; the extractor trains under the frozen h_g^t
     assert equal(b1, payload)
     assert not equal(f_g, part(payload, "extractor.")) and equal(part(a1, "head."), h_g_t)
-    # step 2: h_i (first participation: a copy of h_g^t) trains on the frozen f_g'; it is kept
-    assert equal(part(b2, "extractor."), f_g) and equal(part(b2, "head."), h_g_t)
-    assert equal(part(a2, "extractor."), f_g) and not equal(h_i, h_g_t)
+    # step 2: h_i (first participation: a copy of h_g^t) trains on the frozen extractor; it is kept
+    assert equal(part(b2, "extractor."), frozen) and equal(part(b2, "head."), h_g_t)
+    assert equal(part(a2, "extractor."), frozen) and not equal(h_i, h_g_t)
     assert equal(client.state["head"], h_i) and equal(part(a2, "head."), h_i)
-    # step 3: h_g restarts from h_g^t (not from h_i) and trains on the frozen f_g'
-    assert equal(part(b3, "head."), h_g_t) and equal(part(b3, "extractor."), f_g)
-    assert equal(part(a3, "extractor."), f_g) and not equal(h_g, h_g_t) and not equal(h_g, h_i)
-    # upload: f_g' + the step-3 h_g, nothing else
-    assert equal(update.params, a3) and update.extras == {} and update.num_samples == client.num_train
+    # step 3: h_g restarts from h_g^t (not from h_i) and trains on the same frozen extractor
+    assert equal(part(b3, "head."), h_g_t) and equal(part(b3, "extractor."), frozen)
+    assert equal(part(a3, "extractor."), frozen) and not equal(h_g, h_g_t) and not equal(h_g, h_i)
+    # upload: f_g' (step 1's extractor, whichever the heads saw) + the step-3 h_g, nothing else
+    assert equal(update.params, {**f_g, **h_g}) and update.extras == {} and update.num_samples == client.num_train
+
+
+def test_heads_see_the_received_extractors_features_by_default(tiny_partition, make_cell):
+    """Issue 35: eq. 5 (h_i' = argmin L_i(f_g, h_i)) and §III-B2 ("using the fixed global representation
+    extractor"): the inputs of steps 2-3 are f_g^t(x) of the received model, not f_g'(x) of step 1."""
+    for reading in ("received", "updated"):
+        eng = ready(make_engine(tiny_partition, make_cell, {"head_extractor": "updated"} if reading == "updated" else None))
+        assert eng.method.hp["head_extractor"] == reading  # "received" is the default
+        client = eng.clients[0]
+        payload = eng.method.broadcast(client)
+        inputs, fit_head = [], eng.fit_head
+        eng.fit_head = lambda z, y, **kw: (inputs.append(z.clone()), fit_head(z, y, **kw))[1]
+        eng.method.local_update(client, payload)
+        updated = eng.features(client.train.x)  # the model now holds the upload: f_g' + h_gi
+        eng.set_params(payload)
+        received = eng.features(client.train.x)
+        expected = received if reading == "received" else updated
+        assert len(inputs) == 2 and all(torch.equal(z, expected) for z in inputs), reading
+        assert not torch.allclose(received, updated)
 
 
 @pytest.mark.parametrize("init", ["global", "init"])
@@ -134,7 +156,9 @@ def test_kl_guidance_changes_only_the_global_predictor_and_pulls_it_towards_h_i(
         client = eng.clients[0]
         g = torch.Generator().manual_seed(2)
         client.state["head"] = {k: 3 * torch.randn(v.shape, generator=g) for k, v in eng.get_params(("head.",)).items()}
-        update = eng.method.local_update(client, eng.method.broadcast(client))
+        payload = eng.method.broadcast(client)
+        update = eng.method.local_update(client, payload)
+        eng.set_params(payload)  # the heads train on the received extractor's features (eq. 5)
         results[w] = (update.params, client.state["head"], eng.features(client.train.x))
     (up0, h_i0, z), (up1, h_i1, _) = results[0.0], results[1.0]
     assert equal(part(up0, "extractor."), part(up1, "extractor.")) and equal(h_i0, h_i1)

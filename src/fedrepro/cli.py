@@ -343,6 +343,53 @@ def cmd_paper_figure(args) -> None:
     draw_figure(plan, spec["figure"], cells, args.out)
 
 
+def cmd_readings(args) -> None:
+    from .report import readings as rd
+
+    if (args.check or args.docs) and (args.md or args.html or args.record):
+        raise ConfigError("--check and --docs go without --md, --html and --record")
+    if not (args.check or args.docs or args.paper or args.ledger):
+        raise ConfigError("give PAPER (or --ledger FILE) with --md/--html/--record, or --check, or --docs FILE")
+    if args.docs:
+        changed = rd.update_docs(args.docs)
+        print(f"{args.docs}: {'rewritten' if changed else 'up to date'}")
+        if not args.check:
+            return
+    if args.check:
+        papers = [args.paper] if args.paper else rd.seed_papers()
+        paths = [Path(args.ledger)] if args.ledger else [rd.ledger_path(p) for p in papers]
+        problems = []
+        for path in paths:
+            found = []
+            try:
+                ledger = rd.load_ledger(path)
+            except ConfigError as exc:
+                found.append(str(exc))
+                try:  # its marks can still be checked where only its labels are wrong
+                    ledger = rd.load_ledger(path, resolve=False)
+                except ConfigError:
+                    problems += found
+                    continue
+            found += rd.mark_violations(ledger)
+            problems += found
+            print(f"{ledger.rel}: {f'{len(found)} problem(s)' if found else 'ok'}, {len(ledger.readings)} reading(s), "
+                  f"{'measured' if ledger.measured else 'not measured yet'}")
+        for line in problems:
+            print(f"fedrepro readings: {line}", file=sys.stderr)
+        if problems:
+            raise ConfigError(f"{len(problems)} problem(s) in the readings ledgers (above)")
+        return
+    path = Path(args.ledger) if args.ledger else rd.ledger_path(args.paper)
+    if args.record:
+        ledger = rd.record(path, args.record)
+        counts = ", ".join(f"{k}: {len(v)}" for k, v in ledger.measured["labels"].items())
+        print(f"{path}: measured from {args.record} (seeds per label: {counts})")
+    else:
+        ledger = rd.load_ledger(path)
+    for out in rd.write(ledger, args.md, args.html):
+        print(out)
+
+
 def cmd_plots(args) -> None:
     from .report.aggregate import load_cells
     from .report.plots import plot_client_distribution, plot_curves
@@ -558,6 +605,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--spec", required=True, type=check.json_object_text)
     p.add_argument("--out", required=True, type=check.output_file)
     p.set_defaults(func=cmd_paper_figure)
+
+    p = sub.add_parser("readings", help="a seed paper's readings ledger: check, record, render",
+                       description="The readings ledger of a seed paper (config/papers/published/readings/<paper>.yaml): "
+                       "every [RECON] and [PAPER≠CODE] choice of its method with the measured effect of each alternative "
+                       "on the paper's headline comparison. PAPER --md/--html renders it; PAPER --record results/<exp> "
+                       "writes the per-seed values of its labels into the ledger's measured: block; --check validates "
+                       "every ledger (or PAPER's) and its marks in the source; --docs FILE rewrites the ledgers between "
+                       "the markers of FILE (docs/papers.md).")
+    p.add_argument("paper", nargs="?", help="the paper id (config/papers/published/<paper>.yaml)")
+    p.add_argument("--ledger", type=check.existing_file, help="the ledger file (default: the paper's in the repository)")
+    p.add_argument("--md", type=check.output_file, help="write the ledger as Markdown")
+    p.add_argument("--html", type=check.output_file, help="write the ledger as an HTML page")
+    p.add_argument("--record", type=check.input_dir, metavar="RESULTS", help="results/<experiment> of the ledger's "
+                   "headline experiment: record its values in the ledger")
+    p.add_argument("--check", action="store_true", help="validate the ledgers and their marks in the source")
+    p.add_argument("--docs", type=check.existing_file, metavar="FILE", help="rewrite the ledgers between "
+                   "<!-- readings:begin --> and <!-- readings:end --> in FILE")
+    p.set_defaults(func=cmd_readings)
     return ap
 
 

@@ -538,6 +538,7 @@ def resolve_experiment(config: dict) -> dict[str, Any]:
                       (f"methods.{label}.training", method_training)]
             t = resolve_training(training, where, spec["num_clients"] - spec["unseen_clients"], blocks)
             _check_training_budget(where, t)
+            METHODS.get(method).check_training(f"methods.{label}.hparams", hp, t)
             if "official" in t["global_test"] and spec["pool"]:
                 raise ConfigError(f"config key '{where}.global_test' has value {t['global_test']}; allowed: 'official' only with "
                                   f"a partition that keeps the official test set apart (partitions.{part['label']}.pool: false)")

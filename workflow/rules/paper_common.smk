@@ -14,6 +14,11 @@ except ConfigError as exc:
 
 PAPER_OUT = f"{OUT}/paper"
 PAPER_EXTS = ("html", "csv", "md", "tex")
+# The paper's readings ledger (fedrepro.report.readings), shown with its tables where it exists.
+READINGS = (
+    PAPER.paper.path.parent / "readings" / f"{PAPER.paper.id}.yaml" if PAPER else None
+)
+READINGS = str(READINGS) if READINGS is not None and READINGS.is_file() else None
 
 
 def _paper_runs_metrics(runs):
@@ -39,11 +44,17 @@ def paper_table_outputs(tid):
         [f"{PAPER_OUT}/{tid}.{ext}" for ext in PAPER_EXTS]
         + [f"{PAPER_OUT}/{tid}_tests.csv"]
         + [f"{PAPER_OUT}/{f}.png" for f in figures]
+        + readings_outputs()
     )
 
 
+def readings_outputs():
+    return [f"{PAPER_OUT}/readings.{ext}" for ext in ("html", "md")] if READINGS else []
+
+
 def paper_outputs():
-    return [p for tid in PAPER.tables for p in paper_table_outputs(tid)] if PAPER else []
+    outputs = [p for tid in PAPER.tables for p in paper_table_outputs(tid)] if PAPER else []
+    return list(dict.fromkeys(outputs))
 
 
 def paper_category(wildcards):

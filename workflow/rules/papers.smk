@@ -1,6 +1,8 @@
 # Paper tables beside the published numbers (config key paper_tables, config/README.md; data in
 # config/papers/published/). One target per table, <paper>_<table> (e.g. fedcrc_table1), builds
 # exactly the cells that table needs; <paper>_paper builds every table and figure of the config.
+# Where the paper has a readings ledger (config/papers/published/readings/<paper>.yaml), both
+# targets also render it (rule paper_readings) beside the tables.
 
 
 include: "paper_common.smk"
@@ -78,6 +80,32 @@ if PAPER:
         shell:
             "fedrepro paper-figure {input.metrics:q} --published {input.published:q} "
             "--spec {params.spec:q} --out {output:q} > {log:q} 2>&1"
+
+    if READINGS:
+
+        rule paper_readings:
+            input:
+                ledger=READINGS,
+                published=str(PAPER.paper.path),
+            output:
+                html=report(
+                    f"{PAPER_OUT}/readings.html",
+                    caption="../report/paper_readings.rst",
+                    category=paper_category,
+                    subcategory="0 · Readings ledger",
+                    labels={"entry": "readings ledger: [RECON] and [PAPER≠CODE] choices"},
+                ),
+                md=f"{PAPER_OUT}/readings.md",
+            conda:
+                "../envs/fedrepro.yaml"
+            log:
+                f"{OUT}/logs/paper/readings.log",
+            params:
+                paper=PAPER.paper.id,
+            localrule: True
+            shell:
+                "fedrepro readings {params.paper:q} --ledger {input.ledger:q} "
+                "--md {output.md:q} --html {output.html:q} > {log:q} 2>&1"
 
     for _tid in PAPER.tables:
 

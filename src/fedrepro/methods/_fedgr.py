@@ -29,9 +29,10 @@ GROUP_LOSSES = ("mean", "size_weighted")
 #: the code's gamma (utils/util.py `communication`: (1 - 0.5) * (1 - 0.9 ** (a_iter + 1)))
 CODE_GAMMA = 0.9
 
-COVARIANCE_PARAM = Param("diag", "[RECON] GMM covariance type. The code uses scikit-learn's default 'full'; with d-dim "
-                                 "representations and only 10-27 clients a full covariance is degenerate, so the "
-                                 "robust default is 'diag' (a documented deviation, methods.md §5.3)", str,
+COVARIANCE_PARAM = Param("diag", "[RECON] GMM covariance type. The paper names only a 'Gaussian Mixture Model (GMM)'; "
+                                 "the code uses scikit-learn's default 'full'; with d-dim representations and only "
+                                 "10-27 clients a full covariance is degenerate, so the robust default is 'diag' (a "
+                                 "documented deviation from the code, methods.md §5.3)", str,
                          choices=COVARIANCES)
 
 

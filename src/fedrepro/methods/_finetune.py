@@ -5,8 +5,9 @@ method's global model with its head fine-tuned on the client's train split, the
 extractor frozen (a linear probe on frozen features when the head is linear). Used by
 fedavg_ft and, later, fedprox_ft and scaffold_ft: one helper, no copies.
 Defaults follow Calibre's personalization recipe for FedAvg-FT / SCAFFOLD-FT
-(../shared/reference/methods.md §6: 10 epochs, SGD lr 0.05, batch 32; momentum 0.9 is
-[RECON] from the paper-era Calibre config, methods.md §2.5).
+(../shared/reference/methods.md §6: 10 epochs, SGD lr 0.05, batch 32);
+`ft_momentum` 0.9 is [RECON] from the paper-era Calibre config (methods.md §2.5; ledger entry
+calibre.ft_momentum in config/papers/published/readings/calibre.yaml).
 """
 
 from __future__ import annotations

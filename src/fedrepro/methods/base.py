@@ -137,6 +137,11 @@ class Method:
             raise ConfigError(f"config key '{where}': method '{cls.name}' needs the model {' or '.join(cls.models)}; the "
                               f"dataset's model is {model['name']!r}; allowed: {', '.join(cls.models)}")
 
+    @classmethod
+    def check_training(cls, where: str, hp: dict[str, Any], training: dict[str, Any]) -> None:
+        """Refuse, before any job runs, hyper-parameters that cannot train under the cell's
+        resolved `training` (ConfigError naming `where`.<hparam>)."""
+
     def __init__(self, engine: "Engine", hp: dict[str, Any]):
         self.engine = engine
         self.hp = hp

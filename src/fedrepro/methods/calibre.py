@@ -12,16 +12,37 @@ and uploads its divergence rate d_c = mean over clusters of the mean distance to
 Server: p_c = (n_c / d_c) / sum_j (n_j / d_j), theta = sum_c p_c theta_c (tighter clients weigh more).
 Then the family's personalization stage (a linear probe per client, novel clients included).
 
-Choices (methods.md §2.2-2.3):
-- l_n in the reference code's form (negative squared distance of normalised vectors, no temperature),
-  not Algorithm 1's dot-product/tau form [PAPER≠CODE, the code form kept].
+Readings (methods.md §2.2-2.3; each marked option below is a hyper-parameter with an entry in the
+readings ledger config/papers/published/readings/calibre.yaml, issue 35):
+- The loss is l_s + alpha (l_p + l_n), as the reference code (calibre_loss.py: the main NT-Xent
+  plus the two prototype regularizers). The paper's total is L = l_c + l_s + alpha (l_p + l_n)
+  ("Finally the global loss", §IV-B; Algorithm 1 line 23), but it never defines or computes l_c:
+  its theorem's classification term is the one that l_p stands for ("Under unsupervised learning,
+  we propose a prototype-oriented contrastive regularizer", §IV-B), and its training stage uses no
+  labels. So l_c is left out, with the code. The paper's formula and the code disagree here, but
+  no hyper-parameter offers an l_c term, so this reading has no ledger entry yet (reported in
+  issue 35).
+- l_n in the reference code's form: CE of softmax(-||z_b^ - v_k^||^2), squared distances of
+  L2-normalised vectors, no temperature, the mean over the queries. That is the paper's prose
+  ("softmax(-d(z, v_k))", d "such as the Euclidean distance", §IV-B) and methods.md §2.2's
+  instruction, not Algorithm 1 line 21's dot-product / tau form with per-cluster means; no
+  hyper-parameter offers line 21's form (reported in issue 35). Prototypes come from view a (the
+  prose's I_e), queries from view b (I_o); line 18 swaps the views, which are alike in distribution.
 - Clusters are re-indexed over those present, so an empty cluster never breaks the indexing (the
-  code's torch.unique indexing does). l_p pairs the clusters present in BOTH views; l_n classifies
-  the queries of view b whose cluster has a support prototype in view a.
-- Aggregation: normalised weights by default; `code_compat_unnormalized` reproduces Plato's
-  theta += sum_c (n_c/N) w_c (theta_c - theta) with w = (1/d) / sum(1/d), a step about 1/m as long.
-- Divergence: raw KMeans centroids [RECON]; `code_compat_normalized_centroids` L2-normalises them
-  (the code's kmeans_clustering) while the encodings stay raw.
+  code's torch.unique indexing does). l_p pairs the clusters present in BOTH views (as the code);
+  l_n's support is every cluster of view a (the prose's prototypes of I_e; the code keeps only the
+  clusters of both views) and it classifies the queries of view b whose cluster has a support
+  prototype in view a.
+- Pseudo-labels and the divergence rate use K = `n_clusters` [RECON] clusters (the code's 10; the
+  paper gives none).
+- Aggregation: normalised weights by default, the paper's divergence rate "acts as a weighting
+  factor during the server aggregation" (§I); `code_compat_unnormalized` [PAPER≠CODE] reproduces
+  Plato's theta += sum_c (n_c/N) w_c (theta_c - theta) with w = (1/d) / sum(1/d), a step about 1/m
+  as long. The weight's direction (1/d: tighter clients weigh more) is the code's; the paper does
+  not say it.
+- Divergence: raw KMeans centroids, the paper's prototype being "the average of encodings assigned
+  to this group" (§IV-B); `code_compat_normalized_centroids` [PAPER≠CODE] L2-normalises them (the
+  code's kmeans_clustering) while the encodings stay raw.
 - KMeans is scikit-learn's, seeded from the client's update stream (deterministic per cell).
 """
 
@@ -102,8 +123,10 @@ class Calibre(FederatedSSL):
         "divergence_weighting": Param(True, "weight the aggregate by n/d (Calibre); false = plain FedAvg", bool),
         "code_compat_unnormalized": Param(False, "[PAPER≠CODE] reproduce the code's unnormalised delta weighting "
                                                  "(theta += sum (n/N) w (theta_c - theta))", bool),
-        "code_compat_normalized_centroids": Param(False, "[RECON] L2-normalise the KMeans centroids (not the encodings) in the "
-                                                         "divergence rate, as the code's kmeans_clustering", bool),
+        "code_compat_normalized_centroids": Param(False, "[PAPER≠CODE] L2-normalise the KMeans centroids (not the encodings) in "
+                                                         "the divergence rate, as the code's kmeans_clustering; the paper's "
+                                                         "prototype is 'the average of encodings assigned to this group' "
+                                                         "(§IV-B), the raw centroid (methods.md §2.3)", bool),
     }
 
     def __init__(self, engine, hp):

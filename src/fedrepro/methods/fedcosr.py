@@ -13,7 +13,9 @@ Algorithm 1 (representation layers phi = "extractor.", projection layer pi = "he
        centroid (positive: its own class, negatives: the others; centroids are constants)
     3. upload phi_i and the class centroids w^i_c = mean representation of class c, with |D^i_c|.
 
-Choices (../shared/reference/methods.md §4; every [RECON] is an hparam below):
+Readings (../shared/reference/methods.md §4; each marked one is a hyper-parameter below with an entry
+in the readings ledger config/papers/published/readings/fedcosr.yaml, issue 35):
+* The paper gives no value for `alpha`, `gamma` or `tau_cl` [RECON] (methods.md §4.4: 1.0, 1.0, 0.5).
 * Lines 4-6 (overwrite with theta^G, alpha = 0) are the paper's initial round of all clients;
   here they apply at each client's first participation (the same under full participation).
 * L_Reg,t is measured during every local training with global centroids, also when alpha = 0
@@ -27,6 +29,12 @@ Choices (../shared/reference/methods.md §4; every [RECON] is an hparam below):
   model right after its last local training instead.
 * No global model is evaluated (the heads are private; the paper reports personalized
   accuracy only): has_global = False.
+* The representation omega is the extractor's output: with `fedavg_cnn` (PFLlib's FedAvgCNN,
+  methods.md §4.1) the output of fc1 after its ReLU, so omega >= 0 and every cosine in Eq. 13 is
+  >= 0 (InfoNCE >= log(1 + (C - 1) exp(-1 / tau_CL)), 0.80 for C = 10, tau_CL = 0.5). The paper
+  says only that the flattened conv output "is passed through a FC layer with k output features,
+  where k is the dimension of shareable representations" (§V-A5) and names no activation there.
+  This is the model's choice, not a FedCoSR hyper-parameter (reported in issue 35).
 * Ablations (paper Fig. 8): `local_aggregation: false` = w/o LA (always phi^G), `split: false` =
   w/o Sep (the whole model travels, is aggregated and locally mixed), `contrastive: false` =
   w/o CRL (alpha = 0).

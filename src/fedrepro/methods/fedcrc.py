@@ -7,10 +7,13 @@ a persistent local predictor h_i that never leaves it.
 
 Client i, given the global extractor f_g^t and global predictor h_g^t:
   1. f_g' = argmin_f CE(h_g^t(f(x)), y), h_g^t frozen: the common criterion (eq. 4);
-  2. h_i' = argmin_h CE(h(z), y), z = f_g'(x), f_g' frozen (eq. 5);
-  3. h_gi = argmin_h CE(h(z), y) + KL(softmax(h_i'(z)) || softmax(h(z))), from h_g^t,
-     f_g' and h_i' frozen (eqs. 6-7; the paper's KLoss(h_g, h_i) = PyTorch's
-     KLDivLoss(log_softmax(h_g logits), softmax(h_i logits)): h_i is the teacher);
+  2. h_i' = argmin_h CE(h(z), y), z = f_g^t(x), the received extractor frozen (eq. 5,
+     h_i' = argmin L_i(f_g, h_i), and §III-B2: "a local predictor h_i ... using the fixed global
+     representation extractor"); `head_extractor: updated` [RECON] takes z = f_g'(x) instead
+     (the sequential prose of §III-C and Fig. 2; the default before issue 35);
+  3. h_gi = argmin_h CE(h(z), y) + KL(softmax(h_i'(z)) || softmax(h(z))), from h_g^t, on the
+     same z, the extractor and h_i' frozen (eqs. 6-7 write f_g too; the paper's KLoss(h_g, h_i) =
+     PyTorch's KLDivLoss(log_softmax(h_g logits), softmax(h_i logits)): h_i is the teacher);
   4. upload f_g' and h_gi (and n_i); keep h_i'.
 Server: f_g^{t+1} = sum_i (n_i / n) f_gi' (eq. 3; FedAvg over the sampled clients, BatchNorm
 buffers included where a model has them, methods.md §1.3); h_g' = sum_i (n_i / n) h_gi
@@ -66,6 +69,12 @@ class FedCRC(Method):
                                 float, exclusive_minimum=0),
         "kl_weight": Param(1.0, "[RECON] reconstructed: weight of the KL in step 3; eq. 7 adds it unweighted, i.e. 1 "
                                 "(methods.md §1.2; 0 removes the local predictor's guidance)", float, minimum=0),
+        "head_extractor": Param("received", "[RECON] reconstructed: the frozen extractor steps 2-3 train the heads on; "
+                                            "'received' = the global f_g^t the client received (eqs. 5 and 7 write f_g, "
+                                            "§III-B2 'using the fixed global representation extractor'); 'updated' = "
+                                            "f_g' of step 1 (§III-C 'Subsequently, the extractor is used to train the local "
+                                            "predictor', Fig. 2; the default before issue 35)",
+                                str, choices=("received", "updated")),
         "cache_features": Param(True, "[RECON] reconstructed: steps 2-3 train the head on representations computed once "
                                       "(eval mode, no augmentation; methods.md §1.2 'features can be cached'); false = "
                                       "per-batch forward through the frozen extractor (augmented, train mode: BatchNorm "
@@ -82,10 +91,13 @@ class FedCRC(Method):
         h_i = self.local_head(client, payload)
         eng.set_params(payload)
         fit = self.train_extractor(client)  # step 1
-        h_g = eng.get_params(("head.",))  # = h_g^t: step 1 froze it
+        f_new, h_g = eng.get_params(("extractor.",)), eng.get_params(("head.",))  # f_g'; h_g^t: step 1 froze it
+        if self.hp["head_extractor"] == "received":
+            eng.set_params(select(payload, ("extractor.",)))  # steps 2-3 on f_g^t (eq. 5)
         z = eng.features(client.train.x) if self.hp["cache_features"] else None
         client.state["head"] = self.train_head(client, "local", h_i, z, ce)  # step 2
         self.train_head(client, "global", h_g, z, self.global_head_loss(client.state["head"]))  # step 3
+        eng.set_params(f_new)
         return Update(client.id, client.num_train, eng.get_params(), loss=fit.loss)  # f_g' + h_gi; h_i stays
 
     def train_extractor(self, client):
@@ -129,7 +141,7 @@ class FedCRC(Method):
 
     # -- evaluation -------------------------------------------------------------------
     def local_head(self, client, global_params: Params) -> Params:
-        """h_i; before the client's first participation, its [RECON] initialisation."""
+        """h_i; before the client's first participation, its `local_head_init` initialisation."""
         if "head" in client.state:
             return client.state["head"]
         return select(global_params, ("head.",)) if self.hp["local_head_init"] == "global" else self.server["init_head"]

@@ -17,13 +17,15 @@ The server clusters the h~_k with a GMM into T' groups (centres H^r = plain mean
 beta_r = delta (1 - gamma^(r-1)) and theta^r = sum_k w_k theta_k with
 w_k ∝ p_k (L_k^(1-beta) L~_g(k)^beta)^(q+1) (FedGR, Eq. 3; `_fedgr.py`).
 
-Choices (methods.md §5, [RECON] / [PAPER≠CODE]):
+Choices (methods.md §5; each marked option is a hyper-parameter with a ledger entry in
+config/papers/published/readings/fedgcr.yaml):
 - Loss values: the paper's lambda1 = 0.5, lambda2 = 0.1, tau = 0.5 with cosine similarity (the paper
   writes a dot product, the code uses cosine). `loss_form: code_compat` gives the code's
   0.1 (mu_r l_GC + 0.5 l_RA) with mu_r = 0.5 + 0.5 (r-1)/R and no temperature on l_RA.
 - Round 1 is CE only (Algorithm 1); the code's extra CE of the prompt-only model is not added.
 - h~_k is computed with the client's model after local training over its whole train split
-  ([RECON]; the code uses the previous global model on its first 3 batches).
+  (`representation_at: trained` [RECON]: Eq. 4 does not say with which model; `received` takes the
+  received global model, as the code, which uses it on its first 3 batches only).
 - GMM: scikit-learn, `covariance` 'diag' by default (the code's 'full' is degenerate with d-dim
   representations and 10-27 clients), reg_covar 1e-6, random_state derived from the seed and round.
 - L_k is the client's local training loss, the running mean over its local epochs of the loss it
@@ -34,18 +36,20 @@ Choices (methods.md §5, [RECON] / [PAPER≠CODE]):
 - The group loss L~_i is the plain mean over the group's clients (Eq. 3, Algorithm 1 line 8;
   `group_loss: mean`). [PAPER≠CODE] `group_loss: size_weighted` is the code's data-size weighted
   mean (`utils/util.py:1129-1137`).
-- The head is an MLP (paper §Model Design, Fig. 2, Algorithm 1: "MLP classification head", phi):
-  `head: mlp` replaces the model's linear head by the code's own nonlinear head, DomainBed's
-  `Classifier(d, C, is_nonlinear=True)` = Linear(d, d/2) ReLU Linear(d/2, d/4) ReLU Linear(d/4, C)
-  (`utils/networks.py:275-283`; [RECON] the paper gives no layers). [PAPER≠CODE] `head: linear`
-  keeps the model's Linear(d, C), the code's default (`nonlinear_classifier: False`,
-  `domainbed/hparams_registry.py:39`). The FedGR-only ablation keeps the baselines' linear head
-  (the code's mode 'ablation' runs the baselines' VPT model).
+- The head phi: the paper names "another MLP classification head" (§Model Design) and gives no
+  layers; its footnote says Fig. 2 mirrors Dosovitskiy et al. (2021), whose fine-tuning "MLP head"
+  is a single linear layer, and the code's default is the linear head (`nonlinear_classifier:
+  False`, `domainbed/hparams_registry.py:39`). So `head: linear` keeps the model's Linear(d, C)
+  (the default since issue 35). `head: mlp` [RECON] is the over-read before issue 35: the code's
+  optional DomainBed `Classifier(d, C, is_nonlinear=True)` = Linear(d, d/2) ReLU Linear(d/2, d/4)
+  ReLU Linear(d/4, C) (`utils/networks.py:275-283`), trained from scratch. The FedGR-only
+  ablation keeps the baselines' linear head (the code's mode 'ablation' runs the baselines' VPT model).
 - One fresh optimizer per round from `training.optimizer` (paper: AdamW, lr 1e-3); the code keeps a
   per-client AdamW with prompt lr 1e-2 across rounds.
 - Ablations (Table 5): `group_customization: false` is FedGR only: no GC-Net (the model's
   type prompt stays off, as for the baselines), no l_GC / l_RA; clustering then uses the class-
-  balanced prompt-free CLS embedding r ([RECON]: the paper does not say what FedGR-only clusters);
+  balanced prompt-free CLS embedding r (`fedgr_representation: cls` [RECON]: the paper does not say
+  what FedGR-only clusters; `prompted` takes the CLS feature with the global prompts, z);
   `group_reweighting: false` aggregates with p_k (FedGC only).
 The clustering accuracy against the clients' true types (their domain) is reported per round.
 """
@@ -100,7 +104,7 @@ class FedGCR(LossWeighted):
                            float, minimum=0),
         "lambda_ra": Param(0.1, "lambda2, weight of l_RA (paper; the code's effective value is 0.05)", float, minimum=0),
         "tau": Param(0.5, "temperature tau of l_GC and (paper form) l_RA (paper: 0.5)", float, exclusive_minimum=0),
-        "loss_form": Param("paper", "'paper': CE + lambda1 l_GC + lambda2 l_RA; 'code_compat': the code's "
+        "loss_form": Param("paper", "'paper': CE + lambda1 l_GC + lambda2 l_RA; [PAPER≠CODE] 'code_compat': the code's "
                                     "CE + 0.1 (mu_r l_GC + 0.5 l_RA), mu_r = 0.5 + 0.5 (r-1)/R, l_RA without temperature "
                                     "(lambda_gc / lambda_ra unused)", str, choices=LOSS_FORMS),
         "group_customization": Param(True, "FedGC's losses l_GC and l_RA (false: the 'FedGR only' ablation)", bool),
@@ -111,16 +115,27 @@ class FedGCR(LossWeighted):
         "q": Param(1.0, "fairness power q in (L_k^(1-beta) L~_g^beta)^(q+1) (paper: 1)", float, minimum=0),
         "delta": Param(0.5, "delta in beta_r = delta (1 - gamma^(r-1)) (Algorithm 1: 0.5)", float, minimum=0, maximum=1),
         "gamma": Param(0.5, "gamma of the paper's beta schedule (paper: 0.5)", float, minimum=0, maximum=1),
-        "beta_schedule": Param("paper", "'paper': beta_r = delta (1 - gamma^(r-1)); 'code': delta (1 - 0.9^r) (the code's "
+        "beta_schedule": Param("paper", "'paper': beta_r = delta (1 - gamma^(r-1)); [PAPER≠CODE] 'code': delta (1 - 0.9^r) (the code's "
                                         "gamma 0.9, beta 0.05 in round 1)", str, choices=BETA_SCHEDULES),
         "covariance": COVARIANCE_PARAM,
         "reg_covar": Param(1e-6, "[RECON] GMM reg_covar (scikit-learn's default 1e-6, kept >= 1e-6 for a stable fit)",
                            float, minimum=1e-6, maximum=1.0),
-        "head": Param("mlp", "classification head phi with the GC-Net: 'mlp' = Linear(d, d/2) ReLU Linear(d/2, d/4) ReLU "
-                             "Linear(d/4, C) (paper: 'MLP classification head'; layers [RECON] from the code's DomainBed "
-                             "nonlinear Classifier); [PAPER≠CODE] 'linear' = the model's Linear(d, C) (the code's default, "
-                             "nonlinear_classifier False). FedGR only (group_customization false) keeps the linear head",
+        "head": Param("linear", "classification head phi with the GC-Net: 'linear' = the model's Linear(d, C): the paper's "
+                                "'another MLP classification head' with the ViT's fine-tuning head of Dosovitskiy et al. "
+                                "(one linear layer; the paper's Fig. 2 footnote), and the code's default "
+                                "(nonlinear_classifier False); [RECON] 'mlp' = Linear(d, d/2) ReLU Linear(d/2, d/4) ReLU "
+                                "Linear(d/4, C), the code's optional DomainBed nonlinear Classifier (the default before "
+                                "issue 35). FedGR only (group_customization false) keeps the linear head",
                       str, choices=HEADS),
+        "representation_at": Param("trained", "[RECON] reconstructed: the model the client representation h~_k (Eq. 4) "
+                                              "is computed with, over the whole train split: 'trained' = the client's model "
+                                              "after its local training, the one it uploads; 'received' = the received "
+                                              "global model (the code's, which averages its first 3 batches only)",
+                                   str, choices=("trained", "received")),
+        "fedgr_representation": Param("cls", "[RECON] reconstructed: what the FedGR-only ablation (no GC-Net, so no h) "
+                                             "clusters, which the paper does not say: 'cls' = the prompt-free CLS "
+                                             "embedding r; 'prompted' = the CLS feature z with the global prompts",
+                                      str, choices=("cls", "prompted")),
         "group_loss": Param("mean", "L~_i of Eq. 3: 'mean' = plain mean of L_k over the group's clients (paper Eq. 3, "
                                     "Algorithm 1); [PAPER≠CODE] 'size_weighted' = mean weighted by the clients' data sizes "
                                     "(the code's utils/util.py communication)", str, choices=GROUP_LOSSES),
@@ -211,6 +226,7 @@ class FedGCR(LossWeighted):
             prev = self._prompt_params(client.state.get("prev", params))
             rep_prev = client.state.get("rep")
             weight_gc, weight_ra, tau_ra = self._loss_weights()
+        received_rep = self.client_representation(client) if hp["representation_at"] == "received" else None
         model.train()
         total, seen = torch.zeros((), device=engine.device), 0
         for x, y in engine.batches(client):
@@ -232,7 +248,7 @@ class FedGCR(LossWeighted):
             total += loss.detach() * len(y)
             seen += len(y)
         train_loss = float(total) / max(seen, 1)
-        rep = self.client_representation(client)
+        rep = self.client_representation(client) if received_rep is None else received_rep
         client.state["rep"] = rep
         client.state["prev"] = engine.get_params(("extractor.",))
         return self._update(client, train_loss, start, rep)
@@ -257,15 +273,17 @@ class FedGCR(LossWeighted):
 
     @torch.no_grad()
     def client_representation(self, client) -> torch.Tensor:
-        """h~_k: class-balanced mean over the train split of h = GC-Net(r) (of r without a GC-Net),
-        with the model now in place, in eval mode."""
+        """h~_k: class-balanced mean over the train split of h = GC-Net(r) (without a GC-Net: of r, or
+        of the prompted z with `fedgr_representation: prompted`), with the model now in place, in eval mode."""
         ext = self.engine.model.extractor
         ext.eval()
         x, y = client.train.x, client.train.y
         bs = self.engine.training["eval_batch_size"]
+        prompted = self.hp["fedgr_representation"] == "prompted"
         parts = []
         for i in range(0, len(y), bs):
-            r = ext.cls(ext.tokens(x[i : i + bs]))
-            h = ext.combined_prompts(r)[1]
-            parts.append(r if h is None else h)
+            tokens = ext.tokens(x[i : i + bs])
+            r = ext.cls(tokens)
+            p_bar, h = ext.combined_prompts(r)
+            parts.append(h if h is not None else ext.cls(tokens, p_bar) if prompted else r)
         return class_balanced_mean(torch.cat(parts), y, self.engine.num_classes)

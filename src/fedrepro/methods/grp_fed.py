@@ -1,39 +1,42 @@
 """GRP-FED (Chou et al., "GRP-FED: Addressing Client Imbalance in Federated Learning via
 Global-Regularized Personalization", 2021), Algorithm 1; shared/papers/grp-fed.txt and
-methods.md §3. No public code exists: the equations are missing from the paper text, and
-every value marked [RECON] below is reconstructed (methods.md §3) and is a hyper-parameter.
+methods.md §3. No public code exists and the equations are missing from the paper text: every
+reconstructed value is a hyper-parameter marked below, and its ledger entry is in
+config/papers/published/readings/grp_fed.yaml (issue 35).
 
 Models: the global model = global feature extractor F_g + classifier C_g (the cell's model;
 C a 2-layer FC, e.g. the `head_hidden` option of `resnet1d` / `resnet32_cifar`); per client a
 local feature extractor F_l and a discriminator D (2-layer FC, feat -> hidden -> 1), both kept
-on the client and never uploaded. F_l^0 := F_g^0 [RECON]; D^0 is one seeded initialisation.
+on the client and never uploaded. F_l^0 := F_g^0 (`local_init` [RECON]); D^0 is one seeded initialisation.
 
 Server (Algorithm 1, lines 1-14), power q_0 = 10:
   for t = 1..T: sample S_t; each k in S_t runs Client(F_g, C_g) and returns (F_g,k, C_g,k, L_k);
-    adaptive aggregation [RECON, methods.md §3.3]: "inspired by q-FFL ... adaptively adjusts the
-      power of loss" (§2), "the initial loss power is 10, which is the same as q-FFL" (§4.1), so
-      q-FFL's own server step, q-FedAvg (`_fair.qfedavg_step`, the one copy q-FFL uses too), with
-      power q_t and q-FFL's L convention (`lipschitz`, null = 1/lr):
+    adaptive power (§3.2), `q_update: before`: sigma_t = std_k L_k of this round's losses;
+      q_t = q_(t-1) + alpha if sigma_t > sigma_(t-1), else max(0, q_(t-1) - alpha)
+      (the first round has no sigma_0: q stays q_0); "Finally" the models are aggregated with
+      this q_t. `q_update: after` [RECON] applies the adjusted q one round late (before issue 35);
+    adaptive aggregation (§3.2: "aggregating all trained global models, weighted by the global
+      training loss and the adaptive power q"; §3.4: "p is updated from the adaptive power q and
+      the global training loss"), `aggregation: power` [RECON] (the equation is missing from the text):
+        p_k = L_k^(q_t) / sum_j L_j^(q_t) = softmax(q_t log L_k),  (F_g, C_g) <- sum_k p_k (F_g,k, C_g,k)
+      (methods.md §3.3); `aggregation: qfedavg` is q-FFL's own server step (q-FedAvg,
+      `_fair.qfedavg_step`, the one copy q-FFL uses too) with the L of `lipschitz`:
         Δw_k = L (w - w_k),  h_k = q_t L_k^(q_t - 1) ||Δw_k||^2 + L L_k^(q_t),
-        w <- w - sum_k L_k^(q_t) Δw_k / sum_k h_k          (`aggregation: qfedavg`, the default);
-      `aggregation: power` (the default before issue 26) instead normalises raw weights
-        p_k = L_k^(q_t) / sum_j L_j^(q_t) = softmax(q_t log L_k),  (F_g, C_g) <- sum_k p_k (F_g,k, C_g,k),
-      which with q = 10 gives nearly all the weight to one client; at q = 10 the q-FedAvg step is
-      instead heavily damped (0.2-0.28 of FedAvg's step on grp_fed_cpu: config header, issue 26);
-    adaptive power [RECON]: sigma_t = std_k L_k;
-      q_(t+1) = q_t + alpha if sigma_t > sigma_(t-1), else max(0, q_t - alpha)
-      (the first round has no sigma_0: q stays q_0).
+        w <- w - sum_k L_k^(q_t) Δw_k / sum_k h_k,
+      which equals w - c (w - w_power) with w_power the `power` average above and
+      c = 1 / (1 + sum_j p_j q_t L ||w - w_j||^2 / L_j): the same clients weighted, the step
+      shortened (c = 0.14-0.28 on grp_fed_cpu; the default of issues 26-34).
 
 Client k (lines 16-39), for E epochs, per batch (x, y):
   1. global training:  z_g = F_g(x), L_g = CE(C_g(z_g), y); one SGD step on F_g and C_g;
-  2. local training:   z_l = F_l(x), L_l = lam CE(C_g(z_l), y) + (1 - lam) BCE(D(z_l), 1) [RECON];
+  2. local training:   z_l = F_l(x), L_l = lam CE(C_g(z_l), y) + (1 - lam) BCE(D(z_l), 1) (`lam` [RECON]);
                        one SGD step on F_l only (C_g fixed: "we fix the classifier with C_g
                        during the local training"; D fixed: F_l learns to fool D);
   3. discriminator:    L_D = BCE(D(z_g), 1) + BCE(D(z_l), 0) with z_g, z_l of this batch detached
                        (F_g, F_l fixed); one SGD step on D only.
   L_k = the global training loss: "after returning all trained F_g, C and global training loss"
-  (§3.4; Fig. 3 plots it): the mean of L_g over the local epochs' batches (`loss_at: train`, the
-  default); `loss_at: start` (the default before issue 26) = CE of the received global model on
+  (§3.4; Fig. 3 plots it): the mean of L_g over the local epochs' batches (`loss_at: train` [RECON],
+  the default); `loss_at: start` (the default before issue 26) = CE of the received global model on
   the client's train split before training (q-FFL's F_k(w^t)).
   Upload (F_g, C_g, L_k); F_l and D stay on the client.
 
@@ -55,7 +58,7 @@ from torch.func import functional_call
 from ..io import derive_seed
 from ..registry import Param
 from . import register
-from ._fair import LIPSCHITZ, global_loss, lipschitz, loss_std, mix, power_weights, qfedavg_step
+from ._fair import LIPSCHITZ, check_lipschitz, global_loss, lipschitz, loss_std, mix, power_weights, qfedavg_step
 from .base import Method, Update, select
 
 
@@ -101,13 +104,20 @@ class GRPFed(Method):
                           "lam*CE(C_g(z_l), y) + (1-lam)*BCE(D(z_l), 1); the loss form and the best lambda are missing "
                           "from the paper text (Fig. 4 sweeps 0.1..0.9; larger lambda = more personalization), "
                           "methods.md §3.2, §3.4", float, minimum=0, maximum=1),
-        "aggregation": Param("qfedavg", "[RECON] reconstructed: the equation is missing from the paper text; 'qfedavg' = "
-                                        "q-FFL's own server step (q-FedAvg, Li et al. 2020, Algorithm 3) with the adaptive "
-                                        "power q_t and the L of `lipschitz` ('inspired by q-FFL', §2; 'initial loss power "
-                                        "10, the same as q-FFL', §4.1); 'power' = normalised raw weights p_k = L_k^q / "
-                                        "sum_j L_j^q (softmax(q log L_k)), the default before issue 26, which at q = 10 "
-                                        "puts ~0.8 of the weight on one client (methods.md §3.3)",
-                             str, choices=("qfedavg", "power")),
+        "aggregation": Param("power", "[RECON] reconstructed: the equation is missing from the paper text; 'power' = "
+                                      "normalised weights p_k = L_k^q / sum_j L_j^q (softmax(q log L_k)) of the clients' "
+                                      "training losses, the prose's weight from q and the loss alone ('aggregating all trained "
+                                      "global models, weighted by the global training loss and the adaptive power q', §3.2; "
+                                      "'p is updated from the adaptive power q and the global training loss', §3.4; "
+                                      "methods.md §3.3); 'qfedavg' = q-FFL's own server step (q-FedAvg, Li et al. 2020, "
+                                      "Algorithm 3) with the L of `lipschitz`, the default of issues 26-34: the same "
+                                      "weights with a step shortened to 0.14-0.28 of the power average's at q = 10",
+                             str, choices=("power", "qfedavg")),
+        "q_update": Param("before", "[RECON] reconstructed: when the adaptive power moves; 'before' = q_t is adjusted "
+                                    "from this round's sigma of the training losses and 'Finally' the models are aggregated "
+                                    "with it (§3.2, in that order); 'after' = aggregate with the previous q and adjust it "
+                                    "for the next round (q applied one round late; before issue 35)",
+                          str, choices=("before", "after")),
         "lipschitz": LIPSCHITZ,
         "loss_at": Param("train", "[RECON] reconstructed: which 'global training loss' L_k a client reports; 'train' = "
                                   "the mean global CE over its local epochs' batches, what the paper's clients return "
@@ -144,16 +154,22 @@ class GRPFed(Method):
         self._disc = disc.to(eng.device)
         self._disc_init = {k: v.detach().clone() for k, v in self._disc.state_dict().items()}
 
+    @classmethod
+    def check_training(cls, where, hp, training):
+        if hp["aggregation"] == "qfedavg":
+            check_lipschitz(where, hp, training)
+
     def aggregate(self, updates):
         if not updates:
             return
         losses = [float(u.extras["loss"]) for u in updates]
-        q = self.server["q"]
+        std = loss_std(losses)
+        adjusted = next_power(self.server["q"], std, self.server["prev_std"], self.hp["alpha"])
+        q = adjusted if self.hp["q_update"] == "before" else self.server["q"]
         sizes = [float(u.num_samples) for u in updates] if self.hp["weight_by_size"] else None
         new = self.AGGREGATIONS[self.hp["aggregation"]](self, updates, losses, q, sizes)
         self.server["global"] = {**self.server["global"], **new}
-        std = loss_std(losses)
-        self.server["q"] = next_power(q, std, self.server["prev_std"], self.hp["alpha"])
+        self.server["q"] = adjusted
         self.server["prev_std"] = std
         self.server.setdefault("trace", []).append([self.engine.round, q, std])  # older checkpoints lack it
 

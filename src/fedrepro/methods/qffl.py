@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from ..registry import Param
 from . import register
-from ._fair import LIPSCHITZ, LOSS_AT, WEIGHT_BY_SIZE, LossWeighted, lipschitz, qfedavg_step
+from ._fair import LIPSCHITZ, LOSS_AT, WEIGHT_BY_SIZE, LossWeighted, check_lipschitz, lipschitz, qfedavg_step
 
 
 @register
@@ -35,6 +35,10 @@ class QFFL(LossWeighted):
         "loss_at": LOSS_AT,
         "weight_by_size": WEIGHT_BY_SIZE,
     }
+
+    @classmethod
+    def check_training(cls, where, hp, training):
+        check_lipschitz(where, hp, training)
 
     def aggregate(self, updates):
         if not updates:

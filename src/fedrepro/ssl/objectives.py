@@ -221,8 +221,10 @@ class MoCoV2(Objective):
     """InfoNCE of the online query against the momentum encoder's key of the other view, the
     negatives a FIFO queue of past keys (lightly NTXentLoss with a memory bank; MoCo v2's
     temperature 0.2 and MLP head). Symmetrised over the two views, so both views' online
-    encodings exist for Calibre's regularizers [RECON: MoCo v2 itself is one-directional]. The
-    queue is client-local state: it holds keys of the client's own data."""
+    encodings exist for Calibre's regularizers: a reconstruction, as MoCo v2 itself (and Plato's
+    MoCoV2 model) is one-directional, with no hyper-parameter for the one-directional loss
+    (reported in issue 35; Calibre's Table I runs SimCLR, SwAV and SMoG, calibre_cpu SimCLR). The queue is
+    client-local state: it holds keys of the client's own data (its length `queue_size` [RECON])."""
 
     name, paper = "mocov2", "Chen et al., arXiv:2003.04297 (2020)"
     momentum = 0.99

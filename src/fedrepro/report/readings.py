@@ -1,0 +1,734 @@
+"""Readings ledgers: per seed paper, every [RECON] (the paper is silent) and [PAPER≠CODE] (paper
+and authors' code disagree) choice of its method, with the paper's words, the readings
+considered, the default and why, and the measured effect of each alternative on the paper's
+headline comparison.
+
+Data: config/papers/published/readings/<paper>.yaml (format: config/papers/published/README.md,
+"Readings ledgers"). `fedrepro readings` checks a ledger (`load_ledger`), writes the per-seed
+values of its headline metric from a results folder into its `measured:` block (`record`), and
+renders it as Markdown and HTML (`to_markdown`, `to_html`; the workflow's paper_readings rule,
+docs/papers.md). Statistics: report/stats.py (mean ± std over seeds, paired tests by seed).
+"""
+
+from __future__ import annotations
+
+import ast
+import datetime
+import html
+import importlib.util
+import re
+import warnings
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+
+from fedrepro.io import write_text_atomic
+from fedrepro.registry import ConfigError, show
+from fedrepro.report.paper_tables import _num, paired_text
+from fedrepro.report.papers import PUBLISHED_DIR, Metric, Paper, Target, load_published, published_path
+from fedrepro.report.stats import ALPHA, WILCOXON_MIN_SEEDS, PairedTest, SeedStats, paired_test, seed_stats
+
+MARKS = ("RECON", "PAPER≠CODE")
+#: a mark in source text: [RECON], [PAPER≠CODE], also "[RECON: ...]" and "[PAPER≠CODE, ...]"
+MARK_RE = re.compile(r"\[(RECON|PAPER≠CODE)(?=[\]:,;\s])")
+READINGS_DIR = PUBLISHED_DIR / "readings"
+DOCS_BEGIN, DOCS_END = "<!-- readings:begin -->", "<!-- readings:end -->"
+TOP_KEYS = ("paper", "methods", "headline", "readings", "measured")
+HEADLINE_KEYS = ("experiment", "table", "metric", "proposed", "fedavg", "baselines")
+HEADLINE_OPTIONAL = ("dataset", "setting")  # the table column, where the experiment maps several
+READING_KEYS = ("id", "mark", "question", "paper", "code", "options", "default", "why")
+READING_OPTIONAL = ("effects", "not_measured")
+NOT_JUDGED = "not judged"
+
+
+# ---------------------------------------------------------------------------------------------
+# The data
+
+
+@dataclass(frozen=True)
+class Effect:
+    option: str
+    label: str  # the experiment label that runs this option (all else default)
+
+
+@dataclass
+class Reading:
+    id: str  # <method>.<hparam>
+    marks: tuple[str, ...]
+    question: str
+    paper: str
+    code: str
+    options: dict[str, str]  # value (as text) -> one-line reading
+    default: str
+    why: str
+    effects: list[Effect]
+    not_measured: str | None
+
+    @property
+    def method(self) -> str:
+        return self.id.split(".", 1)[0]
+
+    @property
+    def hparam(self) -> str:
+        return self.id.split(".", 1)[1]
+
+
+@dataclass
+class Headline:
+    experiment: str
+    table: str
+    metric: str
+    proposed: str
+    fedavg: str
+    baselines: list[str]
+    dataset: str | None = None
+    setting: str | None = None
+
+
+@dataclass
+class Ledger:
+    path: Path
+    root: Path  # the repository the ledger's paths are relative to
+    paper: Paper
+    methods: list[str]
+    headline: Headline
+    readings: list[Reading]
+    measured: dict | None
+    targets: dict[str, Target] = field(default_factory=dict)  # name -> its cells (effect labels too)
+    exp: dict = field(default_factory=dict, repr=False)  # the resolved headline experiment
+
+    @property
+    def rel(self) -> str:
+        """The ledger's path relative to its repository (what the renderings print)."""
+        return _rel(self.path, self.root)
+
+    @property
+    def metric(self) -> Metric:
+        return self.paper.metrics[self.headline.metric]
+
+
+def text(v: Any) -> str:
+    """An option value as YAML writes it (true, null, 0.5, power): how values are compared."""
+    if isinstance(v, bool) or v is None:
+        return yaml.safe_dump(v).split("\n")[0]
+    return str(v)
+
+
+def is_option(value: Any, option: str) -> bool:
+    """Is a hyper-parameter value the option (its text; numbers compare as numbers: 1 = 1.0)?"""
+    if text(value) == option:
+        return True
+    try:
+        return isinstance(value, (int, float)) and not isinstance(value, bool) and float(option) == float(value)
+    except ValueError:
+        return False
+
+
+def ledger_path(paper: str, root: str | Path | None = None) -> Path:
+    """config/papers/published/readings/<paper>.yaml beside the paper's published file."""
+    return published_path(paper, root).parent / "readings" / f"{paper}.yaml"
+
+
+def seed_papers(root: str | Path | None = None) -> list[str]:
+    """The ids of the published papers (the seed papers), sorted."""
+    bases = [Path(root)] if root is not None else [Path.cwd(), *Path(__file__).resolve().parents]
+    folder = next((b / PUBLISHED_DIR for b in bases if (b / PUBLISHED_DIR).is_dir()), bases[0] / PUBLISHED_DIR)
+    return sorted(p.stem for p in folder.glob("*.yaml"))
+
+
+def _root(path: Path, paper: Any, where: str) -> Path:
+    """The repository above `path` that holds the published file of `paper`."""
+    for base in path.resolve().parents:
+        if (base / PUBLISHED_DIR / f"{paper}.yaml").is_file():
+            return base
+    raise ConfigError(f"{where}: key 'paper' has value {show(paper)}: no published file {PUBLISHED_DIR}/{paper}.yaml "
+                      f"above the ledger; allowed: a paper of {PUBLISHED_DIR}/")
+
+
+def _need(d: dict, keys: tuple, optional: tuple, where: str) -> None:
+    missing = [k for k in keys if k not in d]
+    unknown = sorted(set(d) - set(keys) - set(optional))
+    if missing or unknown:
+        raise ConfigError(f"{where}: {'missing key(s) ' + str(missing) if missing else 'unknown key(s) ' + str(unknown)}; "
+                          f"allowed keys: {', '.join(keys + optional)}")
+
+
+def _str(v: Any, where: str, key: str) -> str:
+    if not isinstance(v, str) or not v.strip():
+        raise ConfigError(f"{where}: key '{key}' has value {show(v)}; allowed: a non-empty string")
+    return v
+
+
+def load_ledger(path: str | Path, resolve: bool = True) -> Ledger:
+    """Read and check a ledger (ConfigError names the file, the key, the value and what is allowed);
+    with `resolve`, also resolve the headline experiment and check the ledger's labels against it."""
+    from fedrepro.methods import METHODS
+
+    path = Path(path)
+    where = _shown(path)
+    try:
+        doc = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ConfigError(f"readings ledger {path}: {exc.strerror or exc}") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{where}: not YAML ({' '.join(str(exc).split())})") from None
+    if not isinstance(doc, dict):
+        raise ConfigError(f"{where}: not a readings ledger (a mapping with keys {', '.join(TOP_KEYS)}; "
+                          f"config/papers/published/README.md)")
+    _need(doc, TOP_KEYS[:4], ("measured",), where)
+    root = _root(path, doc["paper"], where)
+    if path.stem != doc["paper"]:
+        raise ConfigError(f"{where}: key 'paper' has value {show(doc['paper'])}; allowed: {path.stem!r} (the file's name)")
+    paper = load_published(root / PUBLISHED_DIR / f"{doc['paper']}.yaml")
+    methods = doc["methods"]
+    if not isinstance(methods, list) or not methods:
+        raise ConfigError(f"{where}: key 'methods' has value {show(methods)}; allowed: a list of registered methods")
+    for m in methods:
+        if m not in METHODS:
+            raise ConfigError(f"{where}: key 'methods' names {show(m)}, which is not a registered method; allowed: "
+                              f"{', '.join(METHODS.names())}")
+    if not isinstance(doc["readings"], list):
+        raise ConfigError(f"{where}: key 'readings' has value {show(doc['readings'])}; allowed: a list of readings")
+    readings = [_reading(r, f"{where}: readings[{i}]", methods) for i, r in enumerate(doc["readings"])]
+    ids = [r.id for r in readings]
+    dup = sorted({i for i in ids if ids.count(i) > 1})
+    if dup:
+        raise ConfigError(f"{where}: key 'readings' repeats id(s) {dup}; allowed: one entry per hyper-parameter")
+    ledger = Ledger(path, root, paper, list(methods), _headline(doc["headline"], paper, f"{where}: headline"), readings,
+                    _measured(doc.get("measured"), f"{where}: measured"))
+    if resolve:
+        _resolve(ledger)
+    return ledger
+
+
+def _shown(path: Path) -> str:
+    """`path` relative to the working directory where it is below it (error messages)."""
+    try:
+        return path.resolve().relative_to(Path.cwd().resolve()).as_posix()
+    except ValueError:
+        return str(path)
+
+
+def _reading(r: Any, where: str, methods: list[str]) -> Reading:
+    from fedrepro.methods import METHODS
+
+    if not isinstance(r, dict):
+        raise ConfigError(f"{where}: must be a mapping with keys {', '.join(READING_KEYS)}")
+    _need(r, READING_KEYS, READING_OPTIONAL, where)
+    rid = _str(r["id"], where, "id")
+    method, _, hparam = rid.partition(".")
+    if method not in methods:
+        raise ConfigError(f"{where}: key 'id' has value {rid!r}; allowed: <method>.<hparam> with a method of the "
+                          f"ledger's methods {methods}")
+    params = METHODS.entry(method).params
+    if hparam not in params:
+        raise ConfigError(f"{where}: key 'id' has value {rid!r}: {hparam!r} is not a hyper-parameter of {method}; "
+                          f"allowed: {', '.join(f'{method}.{h}' for h in params)}")
+    marks = tuple(r["mark"]) if isinstance(r["mark"], list) else (r["mark"],)
+    if not marks or any(m not in MARKS for m in marks) or len(set(marks)) != len(marks):
+        raise ConfigError(f"{where}: key 'mark' has value {show(r['mark'])}; allowed: RECON, PAPER≠CODE or a list of both")
+    options = r["options"]
+    if not isinstance(options, dict) or len(options) < 2:
+        raise ConfigError(f"{where}: key 'options' has value {show(options)}; allowed: a mapping value -> one-line reading "
+                          f"with at least two values (the default and an alternative)")
+    options = {text(k): _str(v, where, f"options.{text(k)}") for k, v in options.items()}
+    default = text(r["default"])
+    if default not in options:
+        raise ConfigError(f"{where}: key 'default' has value {show(r['default'])}; allowed: one of the options "
+                          f"{list(options)}")
+    if not is_option(params[hparam].default, default):
+        raise ConfigError(f"{where}: key 'default' has value {show(r['default'])}, but {method}'s {hparam} defaults to "
+                          f"{show(params[hparam].default)}; allowed: the registered default")
+    effects = []
+    for j, e in enumerate(r.get("effects") or []):
+        w = f"{where}: effects[{j}]"
+        if not isinstance(e, dict):
+            raise ConfigError(f"{w}: must be a mapping {{option, label}}")
+        _need(e, ("option", "label"), (), w)
+        option = text(e["option"])
+        if option not in options or option == default:
+            raise ConfigError(f"{w}: key 'option' has value {show(e['option'])}; allowed: an option other than the "
+                              f"default: {[o for o in options if o != default]}")
+        effects.append(Effect(option, _str(e["label"], w, "label")))
+    not_measured = r.get("not_measured")
+    if not effects and not (isinstance(not_measured, str) and not_measured.strip()):
+        raise ConfigError(f"{where}: key 'not_measured' has value {show(not_measured)}; allowed: why no alternative is "
+                          f"measured (a non-empty string), where 'effects' is empty")
+    return Reading(rid, marks, _str(r["question"], where, "question"), _str(r["paper"], where, "paper"),
+                   _str(r["code"], where, "code"), options, default, _str(r["why"], where, "why"), effects,
+                   not_measured if isinstance(not_measured, str) else None)
+
+
+def _headline(h: Any, paper: Paper, where: str) -> Headline:
+    if not isinstance(h, dict):
+        raise ConfigError(f"{where}: must be a mapping with keys {', '.join(HEADLINE_KEYS)}")
+    _need(h, HEADLINE_KEYS, HEADLINE_OPTIONAL, where)
+    if h["table"] not in paper.tables:
+        raise ConfigError(f"{where}: key 'table' has value {show(h['table'])}; allowed: {', '.join(paper.tables)}")
+    table = paper.tables[h["table"]]
+    used = {({**r.key, **c.key})["metric"] for r in table.rows for c in table.columns}
+    if h["metric"] not in used:
+        raise ConfigError(f"{where}: key 'metric' has value {show(h['metric'])}; allowed: a metric of {table.label}: "
+                          f"{', '.join(sorted(used))}")
+    if not isinstance(h["baselines"], list) or not h["baselines"]:
+        raise ConfigError(f"{where}: key 'baselines' has value {show(h['baselines'])}; allowed: a list of labels")
+    names = [_str(h[k], where, k) for k in ("experiment", "proposed", "fedavg")]
+    return Headline(names[0], h["table"], h["metric"], names[1], names[2], [_str(b, where, "baselines") for b in h["baselines"]],
+                    h.get("dataset"), h.get("setting"))
+
+
+def _measured(m: Any, where: str) -> dict | None:
+    if m is None:
+        return None
+    labels = m.get("labels") if isinstance(m, dict) else None
+    if not isinstance(labels, dict):
+        raise ConfigError(f"{where}: must be a mapping with 'labels' (written by `fedrepro readings --record`)")
+    for name, values in labels.items():
+        ok = isinstance(values, dict) and all(isinstance(s, int) and isinstance(v, (int, float)) and not isinstance(v, bool)
+                                              for s, v in values.items())
+        if not ok:
+            raise ConfigError(f"{where}: labels.{name} has value {show(values)}; allowed: {{seed: value}} "
+                              f"(rerun `fedrepro readings --record`)")
+    return m
+
+
+def _resolve(ledger: Ledger) -> None:
+    """Where each name's numbers come from in the headline experiment (ConfigError where a name has none)."""
+    from fedrepro.config import load_and_resolve
+    from fedrepro.report.papers import plan_paper_tables
+
+    h, where = ledger.headline, f"{_shown(ledger.path)}: headline"
+    config_path = ledger.root / h.experiment
+    if not config_path.is_file():
+        raise ConfigError(f"{where}: key 'experiment' has value {h.experiment!r}: no such file; allowed: an experiment "
+                          f"config relative to the repository (config/papers/<paper>_cpu.yaml)")
+    config, exp = load_and_resolve([str(config_path)], [])
+    ledger.exp = exp
+    plan = plan_paper_tables(config, exp, root=ledger.root)
+    if plan is None or plan.paper.id != ledger.paper.id or h.table not in plan.tables:
+        raise ConfigError(f"{where}: key 'table' has value {h.table!r}, which {h.experiment} does not map "
+                          f"(paper_tables.tables); allowed: a table the experiment maps")
+    targets = {k: t for k, t in plan.tables[h.table].targets.items() if k[3] == h.metric
+               and h.dataset in (None, k[1]) and h.setting in (None, k[2])}
+
+    def matches(name: str) -> dict[tuple, Target]:
+        """The cells of `name`: a paper method id (a row) first, else an experiment label."""
+        return {k: t for k, t in targets.items() if k[0] == name} or {k: t for k, t in targets.items() if t.label == name}
+
+    columns = sorted({k[1:3] for k in matches(h.proposed)})
+    if len(columns) != 1:
+        raise ConfigError(f"{where}: key 'proposed' has value {h.proposed!r}, which has {len(columns)} cells of metric "
+                          f"{h.metric!r} in {h.table} of {h.experiment} (columns (dataset, setting) {columns}); allowed: a "
+                          f"name with one cell there, or headline.dataset / headline.setting naming the column (e.g. "
+                          f"setting: {columns[0][1] if columns else '...'})")
+    column = columns[0]
+    for key, name in [("proposed", h.proposed), ("fedavg", h.fedavg), *(("baselines", b) for b in h.baselines)]:
+        found = {k: t for k, t in matches(name).items() if k[1:3] == column}
+        if len(found) != 1:
+            allowed = sorted({t.label for k, t in targets.items() if k[1:3] == column})
+            raise ConfigError(f"{where}: key '{key}' names {name!r}, which has {len(found)} cells in column {column} of "
+                              f"{h.table} in {h.experiment}; allowed: {', '.join(allowed)}")
+        ledger.targets[name] = next(iter(found.values()))
+    labels = {c["label"]: c for c in exp["cells"]}
+    base = ledger.targets[h.proposed]
+    for r in ledger.readings:
+        for e in r.effects:
+            w = f"{_shown(ledger.path)}: readings {r.id}: effects option {e.option!r}: key 'label' has value {e.label!r}"
+            cell = labels.get(e.label)
+            if cell is None:
+                raise ConfigError(f"{w}, which is not a method label of {h.experiment}; allowed: {', '.join(labels)}")
+            if cell["method"] != r.method or not is_option(cell["hparams"].get(r.hparam), e.option):
+                raise ConfigError(f"{w}, which runs {cell['method']} with {r.hparam} = {show(cell['hparams'].get(r.hparam))}; "
+                                  f"allowed: a label running {r.method} with {r.hparam}: {e.option}")
+            ledger.targets.setdefault(e.label, replace(base, label=e.label))
+
+
+# ---------------------------------------------------------------------------------------------
+# The effects
+
+
+@dataclass
+class Side:
+    """One label on the headline metric: its seeds, its paired tests and the verdict."""
+
+    label: str
+    values: dict[int, float]  # seed -> value in the paper's unit
+    stats: SeedStats
+    vs_fedavg: PairedTest | None
+    vs_best: PairedTest | None
+    verdict: str
+
+
+def values(ledger: Ledger, name: str) -> dict[int, float]:
+    """Per seed, `name`'s measured value in the paper's unit ({} where not measured)."""
+    raw = ((ledger.measured or {}).get("labels") or {}).get(name) or {}
+    return {int(s): float(v) * ledger.metric.scale for s, v in raw.items() if v is not None and np.isfinite(v)}
+
+
+def strongest(ledger: Ledger) -> str | None:
+    """The baseline with the best mean on the metric (None: no baseline measured)."""
+    sign = 1.0 if ledger.metric.better == "higher" else -1.0
+    means = {b: seed_stats(values(ledger, b).values()).mean for b in ledger.headline.baselines if b != ledger.headline.proposed}
+    means = {b: m for b, m in means.items() if np.isfinite(m)}
+    return max(means, key=lambda b: sign * means[b]) if means else None
+
+
+def verdict(test: PairedTest | None, better: str) -> str:
+    """above / below the strongest baseline (better / worse on the metric's direction), or not different."""
+    if test is None:
+        return f"{NOT_JUDGED} (no baseline measured)"
+    if test.test == "none" or not np.isfinite(test.p):
+        return f"{NOT_JUDGED} ({test.note})"
+    if test.p >= ALPHA:
+        return "not different (p ≥ 0.05)"
+    return "above the strongest baseline" if (test.mean_diff > 0) == (better == "higher") else "below the strongest baseline"
+
+
+def side(ledger: Ledger, label: str, best: str | None) -> Side:
+    v = values(ledger, label)
+    fedavg = ledger.headline.fedavg
+    with warnings.catch_warnings():  # scipy on nearly equal differences: the test says so in its note or p
+        warnings.simplefilter("ignore", RuntimeWarning)
+        vs_fedavg = paired_test(v, values(ledger, fedavg)) if label != fedavg else None
+        vs_best = paired_test(v, values(ledger, best)) if best else None
+    judged = verdict(vs_best, ledger.metric.better) if v else "not measured"
+    return Side(label, v, seed_stats(v.values()), vs_fedavg, vs_best, judged)
+
+
+def flips(default: Side, option: Side) -> str:
+    """yes / no: does the option's verdict differ from the default's; n/a where either is not judged."""
+    if any(s.verdict.startswith((NOT_JUDGED, "not measured")) for s in (default, option)):
+        return "n/a"
+    return "yes" if option.verdict != default.verdict else "no"
+
+
+# ---------------------------------------------------------------------------------------------
+# Rendering: one table per paper, cells as lists of lines
+
+
+def _stats_text(ledger: Ledger, s: Side) -> str:
+    d = ledger.metric.decimals
+    if s.stats.n == 0:
+        return "not measured"
+    spread = f" ± {_num(s.stats.std, d)}" if s.stats.n >= 2 else ""
+    return f"{_num(s.stats.mean, d)}{spread} (n={s.stats.n})"
+
+
+def _side_lines(ledger: Ledger, s: Side, best: str | None) -> list[str]:
+    name = ledger.paper.name("method", best) if best else "-"
+    d = ledger.metric.decimals
+    out = [_stats_text(ledger, s)]
+    fedavg = ledger.headline.fedavg
+    if s.stats.n:
+        if s.vs_fedavg is not None and best != fedavg:
+            out.append(f"− {ledger.paper.name('method', fedavg)}: {paired_text(s.vs_fedavg, d)}")
+        if s.vs_best is not None:
+            out.append(f"− {name} (the strongest baseline): {paired_text(s.vs_best, d)}")
+    out.append(f"verdict: {s.verdict}")
+    return out
+
+
+def _header(ledger: Ledger) -> tuple[str, list[str], Side | None, str | None]:
+    """(title, intro lines, the default's side, the strongest baseline)."""
+    h, p = ledger.headline, ledger.paper
+    t = p.tables[h.table]
+    target = ledger.targets.get(h.proposed)
+    where = f", {target.dataset}/{target.partition}" if target else ""
+    lines = [f"Ledger `{ledger.rel}` (methods: {', '.join(ledger.methods)}). Headline: {t.title}, "
+             f"{p.name('metric', h.metric)} ({ledger.metric.better} is better), from `{h.experiment}`{where}: the default "
+             f"reading is `{h.proposed}`, FedAvg is `{h.fedavg}`, the strongest baseline is the best mean of "
+             f"{', '.join(f'`{b}`' for b in h.baselines)}."]
+    m = ledger.measured
+    if not m:
+        lines.append(f"Not measured yet: `fedrepro readings {p.id} --record results/<experiment>` writes the values.")
+        return f"{p.short}: readings ledger", lines, None, None
+    kinds = m.get("kinds") or {}
+    kind = ", ".join(sorted({str(k) for k in kinds.values() if k})) or "-"
+    lines.append(f"Measured: `{m.get('source')}`, {m.get('date')}, seeds {', '.join(map(str, m.get('seeds') or []))}, "
+                 f"column {m.get('column')} (kind {kind}); values in the paper's unit; paired tests over common seeds "
+                 f"(paired t below {WILCOXON_MIN_SEEDS} seeds, Wilcoxon signed-rank from {WILCOXON_MIN_SEEDS}; two-sided, "
+                 f"no correction for multiple tests).")
+    best = strongest(ledger)
+    default = side(ledger, h.proposed, best)
+    lines.append(f"Default (`{h.proposed}`): " + "; ".join(_side_lines(ledger, default, best)) + ".")
+    return f"{p.short}: readings ledger", lines, default, best
+
+
+HEAD = ["Reading", "Mark", "The paper's words; the authors' code", "Options (default in bold)", "Default: why",
+        "Measured effect of each alternative", "Flips the verdict"]
+
+
+def rows(ledger: Ledger, default: Side | None, best: str | None) -> list[list[list[tuple[str, bool]]]]:
+    """Per reading, per column, the lines of the cell as (text, bold)."""
+    out = []
+    for r in ledger.readings:
+        effect, flip = [], []
+        for e in r.effects:
+            head = f"{e.option} (`{e.label}`)"
+            if default is None:
+                effect.append((f"{head}: not measured yet", False))
+                continue
+            s = side(ledger, e.label, best)
+            effect.append((f"{head}: " + "; ".join(_side_lines(ledger, s, best)), False))
+            flip.append((f"{e.option}: {flips(default, s)}", False))
+        if not r.effects:
+            effect.append((f"not measured: {r.not_measured}", False))
+        out.append([[(f"`{r.id}`", False), (r.question, False)], [(" + ".join(r.marks), False)],
+                    [(r.paper, False), (f"code: {r.code}", False)],
+                    [(f"{k}: {v}", k == r.default) for k, v in r.options.items()],
+                    [(f"{r.default}: {r.why}", False)], effect, flip or [("-", False)]])
+    return out
+
+
+def to_markdown(ledger: Ledger, level: int = 3) -> str:
+    title, intro, default, best = _header(ledger)
+    esc = lambda s: s.replace("|", "\\|").replace("\n", " ")  # noqa: E731
+    cell = lambda lines: "<br>".join(f"**{esc(t)}**" if b else esc(t) for t, b in lines)  # noqa: E731
+    out = [f"{'#' * level} {title}", "", *[f"{x}\n" for x in intro],
+           "| " + " | ".join(HEAD) + " |", "|" + "---|" * len(HEAD)]
+    out += ["| " + " | ".join(cell(c) for c in row) + " |" for row in rows(ledger, default, best)]
+    return "\n".join(out) + "\n"
+
+
+def to_html(ledger: Ledger) -> str:
+    """A standalone page: the intro and the ledger's table (the report's entry)."""
+    title, intro, default, best = _header(ledger)
+    e = lambda s: re.sub(r"`([^`]*)`", r"<code>\1</code>", html.escape(s))  # noqa: E731
+    cell = lambda lines: "<br>".join(f"<b>{e(t)}</b>" if b else e(t) for t, b in lines)  # noqa: E731
+    out = ["<!DOCTYPE html><html><head><meta charset='utf-8'><title>" + html.escape(title) + "</title><style>",
+           "body{font-family:sans-serif;font-size:13px}table{border-collapse:collapse;margin:8px 0;"
+           "border-top:2px solid #000;border-bottom:2px solid #000}th,td{padding:3px 6px;text-align:left;"
+           "vertical-align:top;border-bottom:1px solid #ddd}th{border-bottom:1px solid #000}",
+           "</style></head><body>", f"<h3>{html.escape(title)}</h3>", *[f"<p>{e(x)}</p>" for x in intro],
+           "<table><thead><tr>" + "".join(f"<th>{html.escape(h)}</th>" for h in HEAD) + "</tr></thead><tbody>"]
+    out += ["<tr>" + "".join(f"<td>{cell(c)}</td>" for c in row) + "</tr>" for row in rows(ledger, default, best)]
+    out.append("</tbody></table></body></html>")
+    return "\n".join(out) + "\n"
+
+
+def write(ledger: Ledger, md: str | Path | None = None, out_html: str | Path | None = None) -> list[Path]:
+    paths = []
+    for path, render in ((md, to_markdown), (out_html, to_html)):
+        if path is not None:
+            write_text_atomic(path, render(ledger))
+            paths.append(Path(path))
+    return paths
+
+
+# ---------------------------------------------------------------------------------------------
+# --record: the measured block
+
+
+def measure(ledger: Ledger, results: str | Path) -> dict:
+    """The `measured:` block from the cells' metrics.json under results/<experiment>/runs (the
+    workflow's layout); each file is checked to belong to the experiment's current cell."""
+    from fedrepro.custody import expected_token
+    from fedrepro.report.aggregate import load_cells, summary_frame
+    from fedrepro.report.paper_tables import _per_seed
+
+    results = Path(results)
+    wanted = {(t.dataset, t.partition, t.label) for t in ledger.targets.values()}
+    paths, expect = [], []
+    for c in ledger.exp["cells"]:
+        if (c["dataset"], c["partition"], c["label"]) in wanted:
+            p = results / "runs" / c["dataset"] / c["partition"] / c["label"] / f"seed{c['seed']}" / "metrics.json"
+            if p.is_file():
+                paths.append(p)
+                expect.append(expected_token(c))
+    if not paths:
+        raise ConfigError(f"--record {results}: no metrics.json of the ledger's labels under {results}/runs; allowed: the "
+                          f"results folder of {ledger.headline.experiment} (results/{ledger.exp.get('experiment')})")
+    frame = summary_frame(load_cells(paths, expect))
+    labels, kinds = {}, {}
+    for name, t in ledger.targets.items():
+        _, kind, raw, _ = _per_seed(frame, t)
+        labels[name] = {int(s): round(float(v), 6) for s, v in sorted(raw.items())}
+        kinds[name] = kind
+    column = next(iter(ledger.targets.values())).column
+    return {"source": results.as_posix(), "date": datetime.date.today().isoformat(),
+            "seeds": sorted({int(c["seed"]) for c in ledger.exp["cells"]}), "column": column, "kinds": kinds,
+            "labels": labels}
+
+
+def replace_measured(source: str, measured: dict) -> str:
+    """`source` with its trailing `measured:` block replaced (or appended): every byte before it kept."""
+    lines = source.splitlines(keepends=True)
+    start = next((i for i, line in enumerate(lines) if re.match(r"measured\s*:", line)), None)
+    if start is None:
+        head = source if source.endswith("\n") or not source else source + "\n"
+    else:
+        after = [line for line in lines[start + 1:] if line.strip() and not line[0].isspace() and not line.startswith("#")]
+        if after:
+            raise ConfigError(f"the ledger's 'measured:' block is followed by {after[0].strip()!r}; allowed: measured: as "
+                              f"the last top-level key (it is rewritten by `fedrepro readings --record`)")
+        head = "".join(lines[:start])
+    block = yaml.safe_dump({"measured": measured}, sort_keys=False, default_flow_style=None, allow_unicode=True, width=10**6)
+    first, _, rest = block.partition("\n")
+    return head + first + "\n  # written by `fedrepro readings --record`; not by hand\n" + rest
+
+
+def record(path: str | Path, results: str | Path) -> Ledger:
+    """Write the measured block of the ledger at `path` from `results` (atomically); the ledger re-read."""
+    path = Path(path)
+    ledger = load_ledger(path)
+    source = path.read_text(encoding="utf-8")
+    new = replace_measured(source, measure(ledger, results))
+    before, after = yaml.safe_load(source), yaml.safe_load(new)
+    before.pop("measured", None)
+    after.pop("measured", None)
+    if before != after:  # never expected: the text before `measured:` is kept byte for byte
+        raise ConfigError(f"{_shown(path)}: recording would change more than the measured: block; nothing written")
+    write_text_atomic(path, new)
+    return load_ledger(path)
+
+
+# ---------------------------------------------------------------------------------------------
+# docs/papers.md
+
+
+def docs_markdown(root: str | Path | None = None) -> str:
+    """Every seed paper's ledger as Markdown (a paper without one says so)."""
+    parts = []
+    for paper in seed_papers(root):
+        path = ledger_path(paper, root)
+        if path.is_file():
+            parts.append(to_markdown(load_ledger(path)))
+        else:
+            short = load_published(published_path(paper, root)).short
+            parts.append(f"### {short}: readings ledger\n\nNo ledger yet (`{READINGS_DIR.as_posix()}/{paper}.yaml`).\n")
+    return "\n".join(parts)
+
+
+def replace_between_markers(doc: str, body: str, where: str = "the docs file") -> str:
+    b, e = doc.find(DOCS_BEGIN), doc.find(DOCS_END)
+    if b < 0 or e < b:
+        raise ConfigError(f"{where}: needs the markers {DOCS_BEGIN} and {DOCS_END} (in that order) around the generated "
+                          f"readings ledgers")
+    return doc[: b + len(DOCS_BEGIN)] + "\n\n" + body.strip("\n") + "\n\n" + doc[e:]
+
+
+def update_docs(docs: str | Path, root: str | Path | None = None) -> bool:
+    """Rewrite the ledgers between the markers of `docs`; True where the file changed."""
+    docs = Path(docs)
+    old = docs.read_text(encoding="utf-8")
+    replace_between_markers(old, "", str(docs))  # the markers first, before any ledger is read
+    new = replace_between_markers(old, docs_markdown(root), str(docs))
+    if new != old:
+        write_text_atomic(docs, new)
+    return new != old
+
+
+# ---------------------------------------------------------------------------------------------
+# Marks in the source: every [RECON] / [PAPER≠CODE] of a method and its helpers in its ledger
+
+
+def _module_file(name: str) -> Path | None:
+    import fedrepro
+
+    base = Path(fedrepro.__file__).parent.joinpath(*name.split(".")[1:])
+    for p in (base.with_suffix(".py"), base / "__init__.py"):
+        if p.is_file():
+            return p
+    return None
+
+
+def _is_helper(name: str) -> bool:
+    return name.startswith("fedrepro.methods._") or name == "fedrepro.ssl" or name.startswith("fedrepro.ssl.")
+
+
+def source_files(method: str) -> list[Path]:
+    """The module of a registered method and the helpers it imports (fedrepro.methods._*,
+    fedrepro.ssl.*), transitively through the helpers."""
+    from fedrepro.methods import METHODS
+
+    first = METHODS.get(method).__module__
+    todo, seen = [first], {}
+    while todo:
+        name = todo.pop()
+        path = _module_file(name)
+        if name in seen or path is None:
+            continue
+        seen[name] = path
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                todo += [a.name for a in node.names if _is_helper(a.name)]
+            elif isinstance(node, ast.ImportFrom):
+                base = importlib.util.resolve_name("." * node.level + (node.module or ""), package) if node.level else node.module
+                todo += [n for n in [base, *(f"{base}.{a.name}" for a in node.names)] if _is_helper(n) and _module_file(n)]
+    return list(seen.values())
+
+
+def _param_spans(tree: ast.AST) -> list[tuple[int, int, str | None]]:
+    """(first line, last line, doc) of every Param(...) call."""
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", None)) == "Param":
+            doc = node.args[1] if len(node.args) > 1 else next((k.value for k in node.keywords if k.arg == "doc"), None)
+            value = doc.value if isinstance(doc, ast.Constant) and isinstance(doc.value, str) else None
+            out.append((node.lineno, node.end_lineno or node.lineno, value))
+    return out
+
+
+def marked_lines(source: str, spans: list | None = None) -> list[tuple[int, set[str], list[str]]]:
+    """(line number, its marks, the names leading its `backtick` spans) of every marked line of
+    `source` outside a Param(...) call."""
+    spans = _param_spans(ast.parse(source)) if spans is None else spans
+    inside = {i for a, b, _ in spans for i in range(a, b + 1)}
+    out = []
+    for i, line in enumerate(source.splitlines(), 1):
+        marks = set(MARK_RE.findall(line))
+        if marks and i not in inside:
+            out.append((i, marks, [re.match(r"\s*(\w*)", s).group(1) for s in re.findall(r"`([^`]*)`", line)]))
+    return out
+
+
+def mark_violations(ledger: Ledger) -> list[str]:
+    """Every mark of the ledger's methods not in the ledger, as `file:line: what`: a marked Param doc
+    needs an entry <method>.<hparam> with the same mark(s); a marked line elsewhere in the method's
+    module or its helpers must name, in backticks, a hyper-parameter with an entry carrying its mark(s)."""
+    from fedrepro.methods import METHODS
+
+    entries = {r.id: r for r in ledger.readings}
+    files = list(dict.fromkeys(f for m in ledger.methods for f in source_files(m)))
+    trees = {f: ast.parse(f.read_text(encoding="utf-8")) for f in files}
+    spans = {f: _param_spans(t) for f, t in trees.items()}
+    docs = {doc: f"{_rel(f, ledger.root)}:{a}" for f in files for a, _, doc in spans[f] if doc}
+    out = []
+    for m in ledger.methods:
+        for hp, p in METHODS.entry(m).params.items():
+            marks = set(MARK_RE.findall(p.doc))
+            if not marks:
+                continue
+            where = docs.get(p.doc, _rel(files[0], ledger.root))
+            r = entries.get(f"{m}.{hp}")
+            if r is None:
+                out.append(f"{where}: {m}'s `{hp}` is marked {' + '.join(sorted(marks))} but {ledger.rel} has no entry {m}.{hp}")
+            elif set(r.marks) != marks:
+                out.append(f"{where}: {m}'s `{hp}` is marked {' + '.join(sorted(marks))} but its entry in {ledger.rel} "
+                           f"has mark {' + '.join(r.marks)}")
+    params = {m: METHODS.entry(m).params for m in ledger.methods}
+    for f in files:
+        lines = f.read_text(encoding="utf-8").splitlines()
+        for i, marks, named in marked_lines("\n".join(lines), spans[f]):
+            ids = [f"{m}.{n}" for n in named for m in ledger.methods if n in params[m]]
+            have = [entries[x] for x in ids if x in entries]
+            where, shown = f"{_rel(f, ledger.root)}:{i}", lines[i - 1].strip()
+            if not have:
+                what = (f"names {', '.join(f'`{x}`' for x in ids)} without an entry in {ledger.rel}" if ids else
+                        "names no hyper-parameter in backticks (`hparam: value`)")
+                out.append(f"{where}: {' + '.join(sorted(marks))} {what}: {shown}")
+            elif not marks <= {x for r in have for x in r.marks}:
+                out.append(f"{where}: {' + '.join(sorted(marks))} but the entries {[r.id for r in have]} in {ledger.rel} "
+                           f"are marked {sorted({x for r in have for x in r.marks})}: {shown}")
+    return out
+
+
+def _rel(path: Path, root: Path) -> str:
+    try:
+        return path.resolve().relative_to(root.resolve()).as_posix()
+    except ValueError:
+        return path.as_posix()

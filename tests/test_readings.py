@@ -1,0 +1,242 @@
+"""Readings ledgers (fedrepro.report.readings): validation, the effect math (differences, paired
+tests, verdicts, flips) on constructed values, --record on a tiny results folder, the docs
+markers, and that every [RECON] / [PAPER≠CODE] mark of a seed method is in its ledger."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import yaml
+from scipy import stats as sps
+
+from conftest import REPO
+from fedrepro.cli import main
+from fedrepro.io import write_json_atomic
+from fedrepro.methods import METHODS
+from fedrepro.registry import ConfigError
+from fedrepro.report import readings as rd
+from test_papers import metrics, snakemake
+
+Q_DEFAULT = METHODS.entry("qffl").params["q"].default
+
+PAPER = {
+    "paper": {"id": "toy", "short": "Toy", "title": "A toy paper", "source": "none", "proposed": ["qffl"]},
+    "names": {"method": {"fedavg": "FedAvg", "qffl": "q-FFL", "local": "Local"}},
+    "metrics": {"acc": {"name": "Acc. (%)", "better": "higher", "unit": "percent", "decimals": 2}},
+    "tables": {"t1": {"title": "Table 1", "caption": "toy", "rows": [{"method": ["qffl", "fedavg", "local"]}],
+                      "columns": {"header": ["setting"], "groups": [{"dataset": "d", "setting": "s", "metric": "acc"}]},
+                      "cells": []}},
+}
+EXPERIMENT = {
+    "experiment": "toy",
+    "datasets": {"digits": {"model": {"name": "mlp", "params": {"hidden": [8]}}}},
+    "partitions": {"dir": {"partitioner": "dirichlet", "num_clients": 4, "seed": 0, "params": {"alpha": 0.5}}},
+    "methods": {"fedavg": {}, "local": {}, "qffl": {}, "qffl_q5": {"method": "qffl", "hparams": {"q": 5.0}}},
+    "seeds": [0, 1, 2],
+    "training": {"rounds": 2, "batch_size": 16, "optimizer": {"name": "sgd", "lr": 0.05}},
+    "paper_tables": {"paper": "toy", "reduced": True, "tables": {"t1": {
+        "kind": ["global", "personal"], "datasets": {"d": "digits"}, "settings": {"s": "dir"},
+        "metrics": {"acc": "acc_weighted_mean"}}}},
+}
+LEDGER = {
+    "paper": "toy",
+    "methods": ["qffl"],
+    "headline": {"experiment": "config/papers/toy_cpu.yaml", "table": "t1", "metric": "acc", "proposed": "qffl",
+                 "fedavg": "fedavg", "baselines": ["fedavg", "local"]},
+    "readings": [{"id": "qffl.q", "mark": "RECON", "question": "the fairness power", "paper": '"q" (§4)',
+                  "code": "q = 1", "options": {Q_DEFAULT: "the code's", 5.0: "a fairer one"}, "default": Q_DEFAULT,
+                  "why": "the code's value", "effects": [{"option": 5.0, "label": "qffl_q5"}]},
+                 {"id": "qffl.loss_at", "mark": ["RECON", "PAPER≠CODE"], "question": "which loss", "paper": "F_k",
+                  "code": "start", "options": {"start": "before training", "train": "while training"},
+                  "default": "start", "why": "q-FFL's F_k(w^t)", "not_measured": "no label runs it here"}],
+}
+# per label, accuracy (fraction) of seeds 0, 1, 2
+RUNS = {"qffl": [0.70, 0.72, 0.74], "fedavg": [0.60, 0.61, 0.65], "local": [0.50, 0.55, 0.52],
+        "qffl_q5": [0.55, 0.58, 0.56]}
+
+
+def make_repo(tmp_path, ledger=None, measured=None):
+    """A repository with the toy paper, its experiment and its ledger; returns the ledger path."""
+    pub = tmp_path / "config" / "papers" / "published"
+    (pub / "readings").mkdir(parents=True)
+    (pub / "toy.yaml").write_text(yaml.safe_dump(PAPER, allow_unicode=True))
+    (tmp_path / "config" / "papers" / "toy_cpu.yaml").write_text(yaml.safe_dump(EXPERIMENT))
+    doc = copy.deepcopy(ledger or LEDGER)
+    if measured is not None:
+        doc["measured"] = {"source": "results/toy", "date": "2026-01-01", "seeds": [0, 1, 2], "column": "acc_weighted_mean",
+                           "labels": {k: dict(enumerate(v)) for k, v in measured.items()}}
+    path = pub / "readings" / "toy.yaml"
+    path.write_text("# the toy ledger\n" + yaml.safe_dump(doc, allow_unicode=True, sort_keys=False))
+    return path
+
+
+# ---------------------------------------------------------------------------------------------
+# validation
+
+
+def test_a_valid_ledger_loads(tmp_path):
+    ledger = rd.load_ledger(make_repo(tmp_path))
+    assert [r.id for r in ledger.readings] == ["qffl.q", "qffl.loss_at"]
+    assert ledger.readings[1].marks == ("RECON", "PAPER≠CODE") and ledger.measured is None
+    assert {n: (t.label, t.dataset, t.partition) for n, t in ledger.targets.items()} == {
+        n: (n, "digits", "dir") for n in ("qffl", "fedavg", "local", "qffl_q5")}
+
+
+def _edit(path, edit):
+    doc = yaml.safe_load(path.read_text())
+    edit(doc)
+    path.write_text(yaml.safe_dump(doc, allow_unicode=True, sort_keys=False))
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda d: d.update(paper="nope"), "key 'paper' has value 'nope': no published file"),
+    (lambda d: d.update(methods=["qffl", "nosuch"]), "'nosuch', which is not a registered method"),
+    (lambda d: d["readings"][0].update(id="qffl.nosuch"), "'nosuch' is not a hyper-parameter of qffl; allowed: qffl.q"),
+    (lambda d: d["readings"][0].update(id="fedavg.q"), "allowed: <method>.<hparam> with a method of the ledger's"),
+    (lambda d: d["readings"][0].update(default=3.0), "key 'default' has value 3.0; allowed: one of the options"),
+    (lambda d: d["readings"][0].update(options={3.0: "a", 5.0: "b"}, default=3.0), "but qffl's q defaults to"),
+    (lambda d: d["readings"][0].update(mark="GUESS"), "key 'mark' has value 'GUESS'; allowed: RECON, PAPER≠CODE"),
+    (lambda d: d["readings"][0]["effects"][0].update(label="ghost"), "'ghost', which is not a method label"),
+    (lambda d: d["readings"][0]["effects"][0].update(label="fedavg"), "which runs fedavg with q = None; allowed: a label "
+                                                                      "running qffl with q: 5.0"),
+    (lambda d: d["readings"][0]["effects"][0].update(option=Q_DEFAULT), "allowed: an option other than the default"),
+    (lambda d: d["readings"][1].pop("not_measured"), "key 'not_measured' has value None"),
+    (lambda d: d["readings"][1].pop("why"), "missing key(s) ['why']"),
+    (lambda d: d["headline"].update(table="t9"), "key 'table' has value 't9'; allowed: t1"),
+    (lambda d: d["headline"].update(metric="f1"), "key 'metric' has value 'f1'; allowed: a metric of Toy Table 1: acc"),
+    (lambda d: d["headline"].update(baselines=["fedavg", "qffl_q5"]), "key 'baselines' names 'qffl_q5', which has 0 cells"),
+    (lambda d: d.update(measured={"labels": {"qffl": [0.7]}}), "labels.qffl has value [0.7]; allowed: {seed: value}"),
+])
+def test_validation_errors_name_file_key_value_and_allowed(tmp_path, edit, message):
+    path = make_repo(tmp_path)
+    _edit(path, edit)
+    with pytest.raises(ConfigError) as err:
+        rd.load_ledger(path)
+    assert str(path) in str(err.value) and message in str(err.value), str(err.value)
+
+
+# ---------------------------------------------------------------------------------------------
+# the effect math
+
+
+def test_differences_paired_tests_verdicts_and_flips(tmp_path):
+    ledger = rd.load_ledger(make_repo(tmp_path, measured=RUNS))
+    assert rd.strongest(ledger) == "fedavg"
+    default = rd.side(ledger, "qffl", "fedavg")
+    assert default.stats.mean == pytest.approx(72.0) and default.stats.n == 3
+    want = sps.ttest_rel([70, 72, 74], [60, 61, 65])
+    assert default.vs_best.mean_diff == pytest.approx(10.0) and default.vs_best.p == pytest.approx(want.pvalue)
+    assert default.verdict == "above the strongest baseline"
+    option = rd.side(ledger, "qffl_q5", "fedavg")
+    assert option.vs_fedavg.mean_diff == pytest.approx(-17 / 3)
+    assert option.verdict == ("below the strongest baseline" if option.vs_best.p < 0.05 else "not different (p ≥ 0.05)")
+    assert rd.flips(default, option) == "yes"
+    md = rd.to_markdown(ledger)
+    assert "`qffl.q`" in md and "5.0 (`qffl_q5`): 56.33 ± 1.53 (n=3)" in md and "5.0: yes" in md
+    assert "not measured: no label runs it here" in md and "**start: before training**" in md
+    assert "<td><code>qffl.q</code>" in rd.to_html(ledger)
+
+
+def test_undefined_tests_and_lower_is_better(tmp_path):
+    runs = {"qffl": [0.70, 0.72, 0.74], "fedavg": [0.60, 0.62, 0.64], "local": [0.1, 0.1, 0.1], "qffl_q5": [0.5]}
+    ledger = rd.load_ledger(make_repo(tmp_path, measured=runs))
+    default = rd.side(ledger, "qffl", "fedavg")
+    assert default.verdict == "not judged (all differences equal)" and default.vs_best.test == "none"
+    option = rd.side(ledger, "qffl_q5", "fedavg")
+    assert option.verdict == "not judged (1 common seed(s): no test)" and rd.flips(default, option) == "n/a"
+    assert "n/a (1 common seed(s): no test)" in rd.to_markdown(ledger)
+    ledger.paper.metrics["acc"] = rd.Metric("acc", "Error", "lower", "percent")
+    assert rd.strongest(ledger) == "local"
+    assert rd.verdict(rd.paired_test({0: 1.0, 1: 2.0, 2: 3.5}, {0: 2.0, 1: 3.1, 2: 4.0}), "lower") == \
+        "above the strongest baseline"
+
+
+def test_unmeasured_ledger_says_how_to_measure(tmp_path):
+    md = rd.to_markdown(rd.load_ledger(make_repo(tmp_path)))
+    assert "Not measured yet: `fedrepro readings toy --record" in md and "5.0 (`qffl_q5`): not measured yet" in md
+
+
+# ---------------------------------------------------------------------------------------------
+# --record
+
+
+def test_record_writes_only_the_measured_block(tmp_path, capsys):
+    path = make_repo(tmp_path)
+    results = tmp_path / "results" / "toy"
+    for label, accs in RUNS.items():
+        for seed, acc in enumerate(accs[:2] if label == "local" else accs):
+            method = "qffl" if label.startswith("qffl") else label
+            kinds = {"personal": acc - 0.1} if label == "local" else {"global": acc}
+            write_json_atomic(results / "runs" / "digits" / "dir" / label / f"seed{seed}" / "metrics.json",
+                              {**metrics("digits", "dir", label, seed, kinds, method),
+                               "cell": {"experiment": "toy", "dataset": "digits", "partition": "dir", "partition_id": "0",
+                                        "method": method, "label": label, "model": "mlp", "seed": seed}})
+    before = path.read_text()
+    assert main(["readings", "toy", "--ledger", str(path), "--record", str(results), "--md", str(tmp_path / "r.md")]) == 0
+    after = path.read_text()
+    assert after.startswith(before) and after[len(before):].startswith("measured:\n  # written by")
+    doc = yaml.safe_load(after)["measured"]
+    assert doc["labels"]["qffl"] == {0: 0.7, 1: 0.72, 2: 0.74} and doc["labels"]["local"] == {0: 0.4, 1: 0.45}
+    assert doc["kinds"] == {"qffl": "global", "fedavg": "global", "local": "personal", "qffl_q5": "global"}
+    assert doc["column"] == "acc_weighted_mean" and doc["seeds"] == [0, 1, 2]
+    assert "`qffl.q`" in (tmp_path / "r.md").read_text()
+    # a second record replaces the block, nothing else
+    assert main(["readings", "toy", "--ledger", str(path), "--record", str(results)]) == 0
+    assert path.read_text() == after
+    with pytest.raises(ConfigError, match="allowed: measured: as the last top-level key"):
+        rd.replace_measured(after + "extra: 1\n", {"labels": {}})
+
+
+def test_record_without_results_is_an_error(tmp_path, capsys):
+    path = make_repo(tmp_path)
+    assert main(["readings", "toy", "--ledger", str(path), "--record", str(tmp_path / "none")]) == 2
+    assert "no metrics.json of the ledger's labels" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------------------------
+# docs/papers.md and the marks in the source
+
+
+def test_docs_markers():
+    doc = f"intro\n{rd.DOCS_BEGIN}\nold\n{rd.DOCS_END}\nrest\n"
+    assert rd.replace_between_markers(doc, "new\n") == f"intro\n{rd.DOCS_BEGIN}\n\nnew\n\n{rd.DOCS_END}\nrest\n"
+    with pytest.raises(ConfigError, match="needs the markers"):
+        rd.replace_between_markers("no markers", "x")
+
+
+def test_docs_papers_md_shows_the_committed_ledgers():
+    docs = REPO / "docs" / "papers.md"
+    text = docs.read_text()
+    assert text == rd.replace_between_markers(text, rd.docs_markdown(REPO)), \
+        "docs/papers.md is out of date with the ledgers: run `fedrepro readings --docs docs/papers.md`"
+
+
+def test_marked_lines_outside_param_docs():
+    source = ('x = 1  # `lam` [RECON] and `q: 2` [PAPER≠CODE, code form]\n'
+              'P = Param(1, "[RECON] a doc\\n"\n'
+              '          "on two lines")\n'
+              '"""[RECON: prose] without names"""\n')
+    assert rd.marked_lines(source) == [(1, {"RECON", "PAPER≠CODE"}, ["lam", "q"]), (4, {"RECON"}, [])]
+
+
+@pytest.mark.parametrize("paper", rd.seed_papers(REPO))
+def test_every_seed_paper_has_a_valid_ledger(paper):
+    path = rd.ledger_path(paper, REPO)
+    assert path.is_file(), f"{path.relative_to(REPO)}: no readings ledger for {paper}"
+    rd.load_ledger(path)  # its labels against the headline experiment too
+
+
+@pytest.mark.parametrize("paper", rd.seed_papers(REPO))
+def test_every_mark_of_a_seed_method_is_in_its_ledger(paper):
+    path = rd.ledger_path(paper, REPO)
+    assert path.is_file(), f"{path.relative_to(REPO)}: no readings ledger for {paper}"
+    violations = rd.mark_violations(rd.load_ledger(path, resolve=False))
+    assert not violations, f"{len(violations)} mark(s) not in the ledger:\n" + "\n".join(violations)
+
+
+def test_the_paper_targets_render_the_ledger(tmp_path):
+    config = str(REPO / "config" / "papers" / "fedcrc_cpu.yaml")
+    text = snakemake("-n", "fedcrc_table1", "--configfile", config, cwd=tmp_path)
+    has = rd.ledger_path("fedcrc", REPO).is_file()
+    assert ("rule paper_readings" in text) == has and ("results/fedcrc_cpu/paper/readings.html" in text) == has
