@@ -107,6 +107,8 @@ def _edit(path, edit):
     (lambda d: d["headline"].update(metric="f1"), "key 'metric' has value 'f1'; allowed: a metric of Toy Table 1: acc"),
     (lambda d: d["headline"].update(baselines=["fedavg", "qffl_q5"]), "key 'baselines' names 'qffl_q5', which has 0 cells"),
     (lambda d: d.update(measured={"labels": {"qffl": [0.7]}}), "labels.qffl has value [0.7]; allowed: {seed: value}"),
+    (lambda d: d.update(measured={"labels": {}, "changes": {"qffl": {0: 0.1}}}),
+     "changes.qffl has value {0: 0.1}; allowed: {seed: [round before, last round, change]}"),
 ])
 def test_validation_errors_name_file_key_value_and_allowed(tmp_path, edit, message):
     path = make_repo(tmp_path)
@@ -180,6 +182,9 @@ def test_record_writes_only_the_measured_block(tmp_path, capsys):
     assert doc["labels"]["qffl"] == {0: 0.7, 1: 0.72, 2: 0.74} and doc["labels"]["local"] == {0: 0.4, 1: 0.45}
     assert doc["kinds"] == {"qffl": "global", "fedavg": "global", "local": "personal", "qffl_q5": "global"}
     assert doc["column"] == "acc_weighted_mean" and doc["seeds"] == [0, 1, 2]
+    # the last change of each headline cell's curve (the fixture's rises by 0.1 a round): not converged
+    assert doc["changes"]["qffl"] == {s: [2, 3, 0.1] for s in range(3)} and list(doc["changes"]["local"]) == [0, 1]
+    assert rd.side(rd.load_ledger(path), "qffl", "fedavg").verdict == "not converged: ordering not judged"
     assert "`qffl.q`" in (tmp_path / "r.md").read_text()
     # a second record replaces the block, nothing else
     assert main(["readings", "toy", "--ledger", str(path), "--record", str(results)]) == 0

@@ -332,7 +332,7 @@ def cmd_paper_table(args) -> None:
     from .report.paper_tables import build_from_plan, write_table
 
     plan, spec, cells = _paper_plan(args)
-    for path in write_table(build_from_plan(plan, spec["table"], summary_frame(cells)), args.out_prefix):
+    for path in write_table(build_from_plan(plan, spec["table"], summary_frame(cells), cells), args.out_prefix):
         print(path)
 
 

@@ -1,7 +1,8 @@
 """A paper's table regenerated beside the published numbers: per cell our mean ± std over
 seeds with its 95 % interval, the paper's value and the difference, marked where it is beyond
-the seed spread; paired tests of the proposed method against each baseline; written as
-Markdown, LaTeX (booktabs), CSV and HTML (the report's entry). Rules: report/stats.py.
+the seed spread; paired tests of the proposed method against each baseline, not judged where a
+row has not reached a plateau (report/plateau.py); written as Markdown, LaTeX (booktabs), CSV and
+HTML (the report's entry). Rules: report/stats.py.
 """
 
 from __future__ import annotations
@@ -15,7 +16,9 @@ import numpy as np
 import pandas as pd
 
 from fedrepro.io import atomic_path, write_text_atomic
+from fedrepro.report.aggregate import cell_ident
 from fedrepro.report.papers import DIMS, Column, PaperPlan, Row, Table, TablePlan, Target
+from fedrepro.report.plateau import NOT_CONVERGED, PLATEAU_TOLERANCE, last_change, movement, rounds_text
 from fedrepro.report.stats import (ALPHA, LEVEL, WILCOXON_MIN_SEEDS, Deviation, PairedTest, SeedStats, deviation,
                                    paired_test, seed_stats)
 from fedrepro.report.tables import client_notes, latex_escape
@@ -64,6 +67,13 @@ class CellResult:
     diff: float = math.nan
     dev: Deviation = field(default_factory=lambda: Deviation("none", math.nan, None, ""))
     rank_ours: int = 0  # 1 = best, 2, 3 (rank rule): our values under the paper's rule
+    # the change of its learning curve between the last two evaluations (report/plateau.py), in the
+    # paper's unit: its mean over seeds and the mean of |change| (held against the tolerance); the
+    # rounds; converged: moved <= tolerance (None: no curve)
+    change: float = math.nan
+    moved: float = math.nan
+    change_rounds: tuple[tuple[int, int], ...] = ()
+    converged: bool | None = None
 
     @property
     def has_value(self) -> bool:
@@ -117,9 +127,11 @@ def _per_seed(frame: pd.DataFrame, t: Target) -> tuple[str, str | None, dict[int
 
 
 def build_table(table: Table, frame: pd.DataFrame, plan: TablePlan | None = None, reduced: bool = False,
-                seeds: list[int] | None = None) -> TableResult:
-    """Fill `table` from a summary frame (report.aggregate.summary_frame of the cells' metrics)."""
+                seeds: list[int] | None = None, runs: list[dict] | None = None) -> TableResult:
+    """Fill `table` from a summary frame (report.aggregate.summary_frame of the cells' metrics);
+    `runs`, those metrics (their curves: whether each cell reached a plateau)."""
     targets = plan.targets if plan is not None else {}
+    curves = {tuple(cell_ident(r)[k] for k in ("dataset", "partition", "label", "seed")): r for r in runs or []}
     pm = table.pm or {}
     paper_runs = pm.get("runs") if pm.get("kind") == "seed_std" else None
     cells: dict[tuple, CellResult] = {}
@@ -139,6 +151,12 @@ def build_table(table: Table, frame: pd.DataFrame, plan: TablePlan | None = None
                 c.stats = seed_stats(c.values.values())
                 if c.status == "ok" and c.stats.n == 0:
                     c.status = FAILED if c.n_failed else MISSING
+                tg = c.target
+                move = movement(last_change(curves[k], c.kind, tg.column) for s in c.values
+                                if (k := (tg.dataset, tg.partition, tg.label, s)) in curves)
+                if move is not None:  # the plateau check: the last change, in the paper's unit
+                    c.change, c.moved = move.change * metric.scale, move.moved * metric.scale
+                    c.change_rounds, c.converged = move.rounds, move.converged
             cells[key] = c
     # derived rows: the mean of the other rows' means in the column, where every one of them has a value
     for row in table.rows:
@@ -349,6 +367,9 @@ def notes(res: TableResult) -> list[str]:
     used = sorted({(c.target.column, c.kind) for c in res.cells.values() if c.target is not None and c.kind})
     if used:
         out.append("Ours: " + "; ".join(f"summary column {col} of model kind '{kind}'" for col, kind in used) + ".")
+    plateau = plateau_note(res)
+    if plateau:
+        out.append(plateau)
     stand = sorted({(t.name("dataset", c.key[1]), c.target.dataset, c.target.partition, t.name("setting", c.key[2]))
                     for c in res.cells.values() if c.target is not None and c.target.stand_in})
     if stand:
@@ -370,6 +391,39 @@ def notes(res: TableResult) -> list[str]:
     out.append(f"Source: {t.paper.info.get('source')}, {t.title}"
                f"{', page ' + str(t.page) if t.page else ''}{' (' + t.location + ')' if t.location else ''}.")
     return out
+
+
+def plateau_note(res: TableResult) -> str:
+    """Did every row reach a plateau (report/plateau.py)? '' where no cell has a curve."""
+    t = res.table
+    valued = [c for c in res.cells.values() if c.has_value and not c.row.derived]
+    judged = [c for c in valued if c.converged is not None]
+    if not judged:
+        return ""
+    d = lambda c: t.metric(c.key).decimals  # noqa: E731
+    tol = ", ".join(sorted({_num(PLATEAU_TOLERANCE * t.metric(c.key).scale, d(c)) for c in judged}))
+    why = f"the last two evaluations; tolerance {tol}, a convention of this project"
+    if len(judged) < len(valued):
+        why += f"; {len(valued) - len(judged)} cell(s) without a curve not judged"
+    moving = [c for c in judged if not c.converged]
+    if not moving:
+        top = max(judged, key=lambda c: c.moved)
+        return (f"Plateau: every row moved by at most {_num(top.moved, d(top))} between "
+                f"{rounds_text(r for c in judged for r in c.change_rounds)} ({why}).")
+    rows = [f"{t.row_name(c.row)} ({_col_name(t, c.col)}) moved by {_moved_text(c.change, c.moved, d(c))} between "
+            f"{rounds_text(c.change_rounds)}" for c in moving]
+    return f"Not converged: {', '.join(rows)} ({why}): their ordering is not judged."
+
+
+def _moved_text(change: float, moved: float, d: int) -> str:
+    """The mean change, signed; where the seeds moved both ways, their mean |change| too."""
+    both = abs(change) < moved - 1e-9
+    return _signed(change, d) + (f" (mean |change| {_num(moved, d)}: the seeds moved both ways)" if both else "")
+
+
+def _moving(res: TableResult, tr: TestResult) -> bool:
+    """Does either side of a paired test still move (not converged)?"""
+    return any(res.cells[k].converged is False for k in (tr.proposed_key, tr.baseline_key))
 
 
 def _col_name(t: Table, col: Column) -> str:
@@ -418,7 +472,7 @@ def _tests_grid(res: TableResult) -> tuple[list[str], list[tuple[str, list[str]]
     rows = []
     for p, b in pairs:
         cells = [DASH if (p, b, k) not in by else paired_text(by[(p, b, k)].result, t.paper.metrics[k[2]].decimals)
-                 for k in cols]
+                 + (f"; {NOT_CONVERGED}" if _moving(res, by[(p, b, k)]) else "") for k in cols]
         rows.append((f"{t.name('method', p)} vs {t.name('method', b)}", cells))
     return names, rows
 
@@ -560,9 +614,9 @@ def to_html(res: TableResult) -> str:
 CELL_COLUMNS = ["paper_id", "table", "section", "row", *DIMS, "unit", "label", "dataset_run", "partition", "kind",
                 "column", "status", "n_seeds", "n_failed", "seeds", "mean", "std", "ci95_low", "ci95_high", "paper",
                 "paper_pm", "paper_pm_kind", "paper_mark", "diff", "beyond_spread", "deviation_test", "deviation_p",
-                "rank_ours", "reduced", "note"]
+                "rank_ours", "reduced", "note", "last_change", "last_rounds", "converged"]
 TEST_COLUMNS = ["paper_id", "table", "proposed", "baseline", "dataset", "setting", "metric", "n", "mean_diff", "test",
-                "statistic", "p", "note"]
+                "statistic", "p", "note", "convergence"]
 
 
 def cells_frame(res: TableResult) -> pd.DataFrame:
@@ -586,6 +640,8 @@ def cells_frame(res: TableResult) -> pd.DataFrame:
             "deviation_p": c.dev.p if np.isfinite(c.dev.p) else None,
             "paper_mark": c.paper_mark, "rank_ours": c.rank_ours or None, "reduced": res.reduced,
             "note": c.paper_note or None,
+            "last_change": c.change if np.isfinite(c.change) else None,
+            "last_rounds": " ".join(f"{a}-{b}" for a, b in c.change_rounds) or None, "converged": c.converged,
         })
     return pd.DataFrame(rows, columns=CELL_COLUMNS)
 
@@ -596,8 +652,16 @@ def tests_frame(res: TableResult) -> pd.DataFrame:
              "dataset": tr.proposed_key[1], "setting": tr.proposed_key[2], "metric": tr.proposed_key[3], "n": tr.result.n,
              "mean_diff": tr.result.mean_diff if np.isfinite(tr.result.mean_diff) else None, "test": tr.result.test,
              "statistic": tr.result.statistic if np.isfinite(tr.result.statistic) else None,
-             "p": tr.result.p if np.isfinite(tr.result.p) else None, "note": tr.result.note or None} for tr in res.tests]
+             "p": tr.result.p if np.isfinite(tr.result.p) else None, "note": tr.result.note or None,
+             "convergence": _convergence(res, tr)} for tr in res.tests]
     return pd.DataFrame(rows, columns=TEST_COLUMNS)
+
+
+def _convergence(res: TableResult, tr: TestResult) -> str | None:
+    """The tests CSV's convergence: NOT_CONVERGED, 'plateau' (both sides), None (a side has no curve)."""
+    if _moving(res, tr):
+        return NOT_CONVERGED
+    return "plateau" if all(res.cells[k].converged for k in (tr.proposed_key, tr.baseline_key)) else None
 
 
 def _write_csv(path: Path, frame: pd.DataFrame) -> None:
@@ -619,6 +683,6 @@ def write_table(res: TableResult, out_prefix: str | Path) -> list[Path]:
     return list(paths.values())
 
 
-def build_from_plan(plan: PaperPlan, table_id: str, frame: pd.DataFrame) -> TableResult:
+def build_from_plan(plan: PaperPlan, table_id: str, frame: pd.DataFrame, runs: list[dict] | None = None) -> TableResult:
     tp = plan.tables[table_id]
-    return build_table(tp.table, frame, tp, plan.reduced, plan.seeds)
+    return build_table(tp.table, frame, tp, plan.reduced, plan.seeds, runs)

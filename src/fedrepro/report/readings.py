@@ -27,8 +27,9 @@ import yaml
 
 from fedrepro.io import write_text_atomic
 from fedrepro.registry import ConfigError, show
-from fedrepro.report.paper_tables import _num, paired_text
+from fedrepro.report.paper_tables import _num, _signed, paired_text
 from fedrepro.report.papers import PUBLISHED_DIR, Metric, Paper, Target, load_published, published_path
+from fedrepro.report.plateau import NOT_CONVERGED, PLATEAU_TOLERANCE, Movement, last_change, movement, rounds_text
 from fedrepro.report.stats import ALPHA, WILCOXON_MIN_SEEDS, PairedTest, SeedStats, paired_test, seed_stats
 
 MARKS = ("RECON", "PAPER≠CODE")
@@ -292,6 +293,17 @@ def _measured(m: Any, where: str) -> dict | None:
         if not ok:
             raise ConfigError(f"{where}: labels.{name} has value {show(values)}; allowed: {{seed: value}} "
                               f"(rerun `fedrepro readings --record`)")
+    changes = m.get("changes")  # optional: a block recorded before the plateau check has none
+    if changes is not None and not isinstance(changes, dict):
+        raise ConfigError(f"{where}: key 'changes' has value {show(changes)}; allowed: {{name: {{seed: [round before, "
+                          f"last round, change]}}}} (rerun `fedrepro readings --record`)")
+    for name, per_seed in (changes or {}).items():
+        ok = isinstance(per_seed, dict) and all(
+            isinstance(s, int) and isinstance(c, list) and len(c) == 3 and all(isinstance(x, int) for x in c[:2])
+            and isinstance(c[2], (int, float)) and not isinstance(c[2], bool) for s, c in per_seed.items())
+        if not ok:
+            raise ConfigError(f"{where}: changes.{name} has value {show(per_seed)}; allowed: {{seed: [round before, "
+                              f"last round, change]}} (rerun `fedrepro readings --record`)")
     return m
 
 
@@ -360,12 +372,25 @@ class Side:
     vs_fedavg: PairedTest | None
     vs_best: PairedTest | None
     verdict: str
+    movement: Movement | None = None  # its last change between evaluations (None: not recorded)
 
 
 def values(ledger: Ledger, name: str) -> dict[int, float]:
     """Per seed, `name`'s measured value in the paper's unit ({} where not measured)."""
     raw = ((ledger.measured or {}).get("labels") or {}).get(name) or {}
     return {int(s): float(v) * ledger.metric.scale for s, v in raw.items() if v is not None and np.isfinite(v)}
+
+
+def moved(ledger: Ledger, name: str) -> Movement | None:
+    """`name`'s last change between evaluations over its seeds (None: not recorded: an older block)."""
+    raw = ((ledger.measured or {}).get("changes") or {}).get(name) or {}
+    return movement(raw.values())
+
+
+def still_moving(ledger: Ledger, name: str | None) -> bool:
+    """Is `name`'s mean |change| above the tolerance (not converged)?"""
+    m = moved(ledger, name) if name else None
+    return m is not None and not m.converged
 
 
 def strongest(ledger: Ledger) -> str | None:
@@ -395,12 +420,15 @@ def side(ledger: Ledger, label: str, best: str | None) -> Side:
         vs_fedavg = paired_test(v, values(ledger, fedavg)) if label != fedavg else None
         vs_best = paired_test(v, values(ledger, best)) if best else None
     judged = verdict(vs_best, ledger.metric.better) if v else "not measured"
-    return Side(label, v, seed_stats(v.values()), vs_fedavg, vs_best, judged)
+    if v and (still_moving(ledger, label) or still_moving(ledger, best)):
+        judged = NOT_CONVERGED
+    return Side(label, v, seed_stats(v.values()), vs_fedavg, vs_best, judged, moved(ledger, label))
 
 
 def flips(default: Side, option: Side) -> str:
-    """yes / no: does the option's verdict differ from the default's; n/a where either is not judged."""
-    if any(s.verdict.startswith((NOT_JUDGED, "not measured")) for s in (default, option)):
+    """yes / no: does the option's verdict differ from the default's; n/a where either is not judged
+    (not converged included)."""
+    if any(s.verdict.startswith((NOT_JUDGED, "not measured", NOT_CONVERGED)) for s in (default, option)):
         return "n/a"
     return "yes" if option.verdict != default.verdict else "no"
 
@@ -421,6 +449,10 @@ def _side_lines(ledger: Ledger, s: Side, best: str | None) -> list[str]:
     name = ledger.paper.name("method", best) if best else "-"
     d = ledger.metric.decimals
     out = [_stats_text(ledger, s)]
+    if s.stats.n and s.movement is not None:
+        m, scale = s.movement, ledger.metric.scale
+        both = f", mean |change| {_num(m.moved * scale, d)}" if abs(m.change) < m.moved - 1e-9 else ""
+        out.append(f"last change {_signed(m.change * scale, d)}{both} between {rounds_text(m.rounds)}")
     fedavg = ledger.headline.fedavg
     if s.stats.n:
         if s.vs_fedavg is not None and best != fedavg:
@@ -451,6 +483,12 @@ def _header(ledger: Ledger) -> tuple[str, list[str], Side | None, str | None]:
                  f"column {m.get('column')} (kind {kind}); values in the paper's unit; paired tests over common seeds "
                  f"(paired t below {WILCOXON_MIN_SEEDS} seeds, Wilcoxon signed-rank from {WILCOXON_MIN_SEEDS}; two-sided, "
                  f"no correction for multiple tests).")
+    if m.get("changes"):
+        tol = _num(PLATEAU_TOLERANCE * ledger.metric.scale, ledger.metric.decimals)
+        lines.append(f"Plateau: the last change of each name's value between its last two evaluations, mean over seeds; "
+                     f"where the default, the strongest baseline or an alternative moved by more than {tol} (mean "
+                     f"|change|, a convention of this project), its verdict is '{NOT_CONVERGED}' and whether it flips "
+                     f"is n/a.")
     best = strongest(ledger)
     default = side(ledger, h.proposed, best)
     lines.append(f"Default (`{h.proposed}`): " + "; ".join(_side_lines(ledger, default, best)) + ".")
@@ -526,7 +564,7 @@ def measure(ledger: Ledger, results: str | Path) -> dict:
     """The `measured:` block from the cells' metrics.json under results/<experiment>/runs (the
     workflow's layout); each file is checked to belong to the experiment's current cell."""
     from fedrepro.custody import expected_token
-    from fedrepro.report.aggregate import load_cells, summary_frame
+    from fedrepro.report.aggregate import cell_ident, load_cells, summary_frame
     from fedrepro.report.paper_tables import _per_seed
 
     results = Path(results)
@@ -541,16 +579,22 @@ def measure(ledger: Ledger, results: str | Path) -> dict:
     if not paths:
         raise ConfigError(f"--record {results}: no metrics.json of the ledger's labels under {results}/runs; allowed: the "
                           f"results folder of {ledger.headline.experiment} (results/{ledger.exp.get('experiment')})")
-    frame = summary_frame(load_cells(paths, expect))
-    labels, kinds = {}, {}
+    cells = load_cells(paths, expect)
+    frame = summary_frame(cells)
+    runs = {tuple(cell_ident(c)[k] for k in ("dataset", "partition", "label", "seed")): c for c in cells}
+    labels, kinds, changes = {}, {}, {}
     for name, t in ledger.targets.items():
         _, kind, raw, _ = _per_seed(frame, t)
         labels[name] = {int(s): round(float(v), 6) for s, v in sorted(raw.items())}
         kinds[name] = kind
+        changes[name] = {}
+        for s in sorted(raw):  # the last change of its curve (report/plateau.py), where it has one
+            if (x := last_change(runs[(t.dataset, t.partition, t.label, s)], kind, t.column)) is not None:
+                changes[name][int(s)] = [x[0], x[1], round(x[2], 6)]
     column = next(iter(ledger.targets.values())).column
     return {"source": results.as_posix(), "date": datetime.date.today().isoformat(),
             "seeds": sorted({int(c["seed"]) for c in ledger.exp["cells"]}), "column": column, "kinds": kinds,
-            "labels": labels}
+            "labels": labels, "changes": changes}
 
 
 def replace_measured(source: str, measured: dict) -> str:
