@@ -410,9 +410,13 @@ def plateau_note(res: TableResult) -> str:
         top = max(judged, key=lambda c: c.moved)
         return (f"Plateau: every row moved by at most {_num(top.moved, d(top))} between "
                 f"{rounds_text(r for c in judged for r in c.change_rounds)} ({why}).")
-    rows = [f"{t.row_name(c.row)} ({_col_name(t, c.col)}) moved by {_moved_text(c.change, c.moved, d(c))} between "
-            f"{rounds_text(c.change_rounds)}" for c in moving]
-    return f"Not converged: {', '.join(rows)} ({why}): their ordering is not judged."
+    # one entry per row and movement: the columns that read the same curve moved alike
+    by_row: dict[str, dict[str, list[str]]] = {}
+    for c in moving:
+        moved = f"{_moved_text(c.change, c.moved, d(c))} between {rounds_text(c.change_rounds)}"
+        by_row.setdefault(t.row_name(c.row), {}).setdefault(moved, []).append(_col_name(t, c.col))
+    rows = [f"{row} ({', '.join(cols)}) moved by {moved}" for row, moves in by_row.items() for moved, cols in moves.items()]
+    return f"Not converged: {'; '.join(rows)} ({why}): their ordering is not judged."
 
 
 def _moved_text(change: float, moved: float, d: int) -> str:
