@@ -20,13 +20,13 @@ readings ledger config/papers/published/readings/calibre.yaml, issue 35):
   its theorem's classification term is the one that l_p stands for ("Under unsupervised learning,
   we propose a prototype-oriented contrastive regularizer", §IV-B), and its training stage uses no
   labels. So l_c is left out, with the code. The paper's formula and the code disagree here, but
-  no hyper-parameter offers an l_c term, so this reading has no ledger entry yet (reported in
-  issue 35).
+  an undefined term cannot be offered as an option: no hyper-parameter, so no ledger entry (the
+  ledger keys its entries by hyper-parameter; issue 35's closing note).
 - l_n in the reference code's form: CE of softmax(-||z_b^ - v_k^||^2), squared distances of
   L2-normalised vectors, no temperature, the mean over the queries. That is the paper's prose
   ("softmax(-d(z, v_k))", d "such as the Euclidean distance", §IV-B) and methods.md §2.2's
   instruction, not Algorithm 1 line 21's dot-product / tau form with per-cluster means; no
-  hyper-parameter offers line 21's form (reported in issue 35). Prototypes come from view a (the
+  hyper-parameter offers line 21's form yet (issue 35's closing note). Prototypes come from view a (the
   prose's I_e), queries from view b (I_o); line 18 swaps the views, which are alike in distribution.
 - Clusters are re-indexed over those present, so an empty cluster never breaks the indexing (the
   code's torch.unique indexing does). l_p pairs the clusters present in BOTH views (as the code);

@@ -26,7 +26,7 @@ config/papers/published/readings/fedgcr.yaml):
 - h~_k is computed with the client's model after local training over its whole train split
   (`representation_at: trained` [RECON]: Eq. 4 does not say with which model; `received` takes the
   received global model, as the code, which uses it on its first 3 batches only).
-- GMM: scikit-learn, `covariance` 'diag' by default (the code's 'full' is degenerate with d-dim
+- GMM: scikit-learn, `covariance: full` [RECON] by default, the code's ('diag' is the robust option with d-dim
   representations and 10-27 clients), reg_covar 1e-6, random_state derived from the seed and round.
 - L_k is the client's local training loss, the running mean over its local epochs of the loss it
   minimises (Algorithm 1: LocalUpdate returns L; `loss_at: train`). [PAPER≠CODE] `loss_at: start`
