@@ -103,7 +103,7 @@ def test_paper_table_at_a_plateau_says_so(toy, tmp_path):  # noqa: F811
 def test_ledger_whose_option_still_moves_is_not_judged(tmp_path):
     path = make_repo(tmp_path, measured=RUNS)
     doc = yaml.safe_load(path.read_text())
-    doc["measured"]["changes"] = {name: {s: [20, 30, 0.05 if name == "qffl_q5" else -0.002] for s in range(3)}
+    doc["measured"]["changes"] = {name: {str(s): [20, 30, 0.05 if name == "qffl_q5" else -0.002] for s in range(3)}
                                   for name in RUNS}
     path.write_text(yaml.safe_dump(doc, allow_unicode=True, sort_keys=False))
     ledger = rd.load_ledger(path)
@@ -115,6 +115,6 @@ def test_ledger_whose_option_still_moves_is_not_judged(tmp_path):
     assert f"verdict: {NOT_CONVERGED}" in md and "5.0: n/a" in md and "Plateau: the last change" in md
     assert NOT_CONVERGED in rd.to_html(ledger)
     # the strongest baseline still moving: no verdict is judged
-    doc["measured"]["changes"]["fedavg"] = {s: [20, 30, 0.03] for s in range(3)}
+    doc["measured"]["changes"]["fedavg"] = {str(s): [20, 30, 0.03] for s in range(3)}
     path.write_text(yaml.safe_dump(doc, allow_unicode=True, sort_keys=False))
     assert rd.side(rd.load_ledger(path), "qffl", "fedavg").verdict == NOT_CONVERGED

@@ -45,7 +45,7 @@ LEDGER = {
     "headline": {"experiment": "config/papers/toy_cpu.yaml", "table": "t1", "metric": "acc", "proposed": "qffl",
                  "fedavg": "fedavg", "baselines": ["fedavg", "local"]},
     "readings": [{"id": "qffl.q", "mark": "RECON", "question": "the fairness power", "paper": '"q" (§4)',
-                  "code": "q = 1", "options": {Q_DEFAULT: "the code's", 5.0: "a fairer one"}, "default": Q_DEFAULT,
+                  "code": "q = 1", "options": {str(Q_DEFAULT): "the code's", "5.0": "a fairer one"}, "default": Q_DEFAULT,
                   "why": "the code's value", "effects": [{"option": 5.0, "label": "qffl_q5"}]},
                  {"id": "qffl.loss_at", "mark": ["RECON", "PAPER≠CODE"], "question": "which loss", "paper": "F_k",
                   "code": "start", "options": {"start": "before training", "train": "while training"},
@@ -65,7 +65,7 @@ def make_repo(tmp_path, ledger=None, measured=None):
     doc = copy.deepcopy(ledger or LEDGER)
     if measured is not None:
         doc["measured"] = {"source": "results/toy", "date": "2026-01-01", "seeds": [0, 1, 2], "column": "acc_weighted_mean",
-                           "labels": {k: dict(enumerate(v)) for k, v in measured.items()}}
+                           "labels": {k: {str(i): x for i, x in enumerate(v)} for k, v in measured.items()}}
     path = pub / "readings" / "toy.yaml"
     path.write_text("# the toy ledger\n" + yaml.safe_dump(doc, allow_unicode=True, sort_keys=False))
     return path
@@ -95,7 +95,7 @@ def _edit(path, edit):
     (lambda d: d["readings"][0].update(id="qffl.nosuch"), "'nosuch' is not a hyper-parameter of qffl; allowed: qffl.q"),
     (lambda d: d["readings"][0].update(id="fedavg.q"), "allowed: <method>.<hparam> with a method of the ledger's"),
     (lambda d: d["readings"][0].update(default=3.0), "key 'default' has value 3.0; allowed: one of the options"),
-    (lambda d: d["readings"][0].update(options={3.0: "a", 5.0: "b"}, default=3.0), "but qffl's q defaults to"),
+    (lambda d: d["readings"][0].update(options={"3.0": "a", "5.0": "b"}, default=3.0), "but qffl's q defaults to"),
     (lambda d: d["readings"][0].update(mark="GUESS"), "key 'mark' has value 'GUESS'; allowed: RECON, PAPER≠CODE"),
     (lambda d: d["readings"][0]["effects"][0].update(label="ghost"), "'ghost', which is not a method label"),
     (lambda d: d["readings"][0]["effects"][0].update(label="fedavg"), "which runs fedavg with q = None; allowed: a label "
@@ -107,8 +107,8 @@ def _edit(path, edit):
     (lambda d: d["headline"].update(metric="f1"), "key 'metric' has value 'f1'; allowed: a metric of Toy Table 1: acc"),
     (lambda d: d["headline"].update(baselines=["fedavg", "qffl_q5"]), "key 'baselines' names 'qffl_q5', which has 0 cells"),
     (lambda d: d.update(measured={"labels": {"qffl": [0.7]}}), "labels.qffl has value [0.7]; allowed: {seed: value}"),
-    (lambda d: d.update(measured={"labels": {}, "changes": {"qffl": {0: 0.1}}}),
-     "changes.qffl has value {0: 0.1}; allowed: {seed: [round before, last round, change]}"),
+    (lambda d: d.update(measured={"labels": {}, "changes": {"qffl": {"0": 0.1}}}),
+     "changes.qffl has value {'0': 0.1}; allowed: {seed: [round before, last round, change]}"),
 ])
 def test_validation_errors_name_file_key_value_and_allowed(tmp_path, edit, message):
     path = make_repo(tmp_path)
@@ -179,11 +179,11 @@ def test_record_writes_only_the_measured_block(tmp_path, capsys):
     after = path.read_text()
     assert after.startswith(before) and after[len(before):].startswith("measured:\n  # written by")
     doc = yaml.safe_load(after)["measured"]
-    assert doc["labels"]["qffl"] == {0: 0.7, 1: 0.72, 2: 0.74} and doc["labels"]["local"] == {0: 0.4, 1: 0.45}
+    assert doc["labels"]["qffl"] == {"0": 0.7, "1": 0.72, "2": 0.74} and doc["labels"]["local"] == {"0": 0.4, "1": 0.45}
     assert doc["kinds"] == {"qffl": "global", "fedavg": "global", "local": "personal", "qffl_q5": "global"}
     assert doc["column"] == "acc_weighted_mean" and doc["seeds"] == [0, 1, 2]
     # the last change of each headline cell's curve (the fixture's rises by 0.1 a round): not converged
-    assert doc["changes"]["qffl"] == {s: [2, 3, 0.1] for s in range(3)} and list(doc["changes"]["local"]) == [0, 1]
+    assert doc["changes"]["qffl"] == {str(s): [2, 3, 0.1] for s in range(3)} and list(doc["changes"]["local"]) == ["0", "1"]
     assert rd.side(rd.load_ledger(path), "qffl", "fedavg").verdict == "not converged: ordering not judged"
     assert "`qffl.q`" in (tmp_path / "r.md").read_text()
     # a second record replaces the block, nothing else

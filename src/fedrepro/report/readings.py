@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 import yaml
 
+from fedrepro.configfile import read_config_file
 from fedrepro.io import write_text_atomic
 from fedrepro.registry import ConfigError, show
 from fedrepro.report.paper_tables import _num, _signed, paired_text
@@ -170,12 +171,7 @@ def load_ledger(path: str | Path, resolve: bool = True) -> Ledger:
 
     path = Path(path)
     where = _shown(path)
-    try:
-        doc = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise ConfigError(f"readings ledger {path}: {exc.strerror or exc}") from None
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{where}: not YAML ({' '.join(str(exc).split())})") from None
+    doc = read_config_file(path)  # a ledger lives under config/: the configs' rules (string keys, no tags, bounds)
     if not isinstance(doc, dict):
         raise ConfigError(f"{where}: not a readings ledger (a mapping with keys {', '.join(TOP_KEYS)}; "
                           f"config/papers/published/README.md)")
@@ -236,8 +232,8 @@ def _reading(r: Any, where: str, methods: list[str]) -> Reading:
         raise ConfigError(f"{where}: key 'options' has value {show(options)}; allowed: a mapping value -> one-line reading "
                           f"with at least two values (the default and an alternative)")
     options = {text(k): _str(v, where, f"options.{text(k)}") for k, v in options.items()}
-    default = text(r["default"])
-    if default not in options:
+    default = next((o for o in options if is_option(r["default"], o)), None)  # 1e-06 is the option "1.0e-6"
+    if default is None:
         raise ConfigError(f"{where}: key 'default' has value {show(r['default'])}; allowed: one of the options "
                           f"{list(options)}")
     if not is_option(params[hparam].default, default):
@@ -288,7 +284,7 @@ def _measured(m: Any, where: str) -> dict | None:
     if not isinstance(labels, dict):
         raise ConfigError(f"{where}: must be a mapping with 'labels' (written by `fedrepro readings --record`)")
     for name, values in labels.items():
-        ok = isinstance(values, dict) and all(isinstance(s, int) and isinstance(v, (int, float)) and not isinstance(v, bool)
+        ok = isinstance(values, dict) and all(_seed_key(s) and isinstance(v, (int, float)) and not isinstance(v, bool)
                                               for s, v in values.items())
         if not ok:
             raise ConfigError(f"{where}: labels.{name} has value {show(values)}; allowed: {{seed: value}} "
@@ -299,12 +295,18 @@ def _measured(m: Any, where: str) -> dict | None:
                           f"last round, change]}}}} (rerun `fedrepro readings --record`)")
     for name, per_seed in (changes or {}).items():
         ok = isinstance(per_seed, dict) and all(
-            isinstance(s, int) and isinstance(c, list) and len(c) == 3 and all(isinstance(x, int) for x in c[:2])
+            _seed_key(s) and isinstance(c, list) and len(c) == 3 and all(isinstance(x, int) for x in c[:2])
             and isinstance(c[2], (int, float)) and not isinstance(c[2], bool) for s, c in per_seed.items())
         if not ok:
             raise ConfigError(f"{where}: changes.{name} has value {show(per_seed)}; allowed: {{seed: [round before, "
                               f"last round, change]}} (rerun `fedrepro readings --record`)")
-    return m
+    # seeds are written as string keys (a config's keys are strings) and read back as ints
+    return {**m, "labels": {n: {int(s): v for s, v in vals.items()} for n, vals in labels.items()},
+            **({"changes": {n: {int(s): c for s, c in per.items()} for n, per in changes.items()}} if changes else {})}
+
+
+def _seed_key(s: Any) -> bool:
+    return isinstance(s, str) and s.isdigit()
 
 
 def _resolve(ledger: Ledger) -> None:
@@ -585,12 +587,12 @@ def measure(ledger: Ledger, results: str | Path) -> dict:
     labels, kinds, changes = {}, {}, {}
     for name, t in ledger.targets.items():
         _, kind, raw, _ = _per_seed(frame, t)
-        labels[name] = {int(s): round(float(v), 6) for s, v in sorted(raw.items())}
+        labels[name] = {str(s): round(float(v), 6) for s, v in sorted(raw.items())}
         kinds[name] = kind
         changes[name] = {}
         for s in sorted(raw):  # the last change of its curve (report/plateau.py), where it has one
             if (x := last_change(runs[(t.dataset, t.partition, t.label, s)], kind, t.column)) is not None:
-                changes[name][int(s)] = [x[0], x[1], round(x[2], 6)]
+                changes[name][str(s)] = [x[0], x[1], round(x[2], 6)]
     column = next(iter(ledger.targets.values())).column
     return {"source": results.as_posix(), "date": datetime.date.today().isoformat(),
             "seeds": sorted({int(c["seed"]) for c in ledger.exp["cells"]}), "column": column, "kinds": kinds,
