@@ -16,9 +16,8 @@ import numpy as np
 import pandas as pd
 
 from fedrepro.io import atomic_path, write_text_atomic
-from fedrepro.report.aggregate import cell_ident
 from fedrepro.report.papers import DIMS, Column, PaperPlan, Row, Table, TablePlan, Target
-from fedrepro.report.plateau import NOT_CONVERGED, PLATEAU_TOLERANCE, last_change, movement, rounds_text
+from fedrepro.report.plateau import NOT_CONVERGED, PLATEAU_TOLERANCE, by_cell, movement, rounds_text, seed_changes
 from fedrepro.report.stats import (ALPHA, LEVEL, WILCOXON_MIN_SEEDS, Deviation, PairedTest, SeedStats, deviation,
                                    paired_test, seed_stats)
 from fedrepro.report.tables import client_notes, latex_escape
@@ -131,7 +130,7 @@ def build_table(table: Table, frame: pd.DataFrame, plan: TablePlan | None = None
     """Fill `table` from a summary frame (report.aggregate.summary_frame of the cells' metrics);
     `runs`, those metrics (their curves: whether each cell reached a plateau)."""
     targets = plan.targets if plan is not None else {}
-    curves = {tuple(cell_ident(r)[k] for k in ("dataset", "partition", "label", "seed")): r for r in runs or []}
+    curves = by_cell(runs or [])
     pm = table.pm or {}
     paper_runs = pm.get("runs") if pm.get("kind") == "seed_std" else None
     cells: dict[tuple, CellResult] = {}
@@ -151,9 +150,7 @@ def build_table(table: Table, frame: pd.DataFrame, plan: TablePlan | None = None
                 c.stats = seed_stats(c.values.values())
                 if c.status == "ok" and c.stats.n == 0:
                     c.status = FAILED if c.n_failed else MISSING
-                tg = c.target
-                move = movement(last_change(curves[k], c.kind, tg.column) for s in c.values
-                                if (k := (tg.dataset, tg.partition, tg.label, s)) in curves)
+                move = movement(seed_changes(curves, c.target, c.kind, c.values).values())
                 if move is not None:  # the plateau check: the last change, in the paper's unit
                     c.change, c.moved = move.change * metric.scale, move.moved * metric.scale
                     c.change_rounds, c.converged = move.rounds, move.converged

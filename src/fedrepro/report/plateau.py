@@ -15,7 +15,7 @@ import math
 from dataclasses import dataclass
 from typing import Iterable
 
-from fedrepro.report.aggregate import METRICS, STATS, _get, _series, is_ok
+from fedrepro.report.aggregate import METRICS, STATS, _get, _series, cell_ident, is_ok
 
 #: The largest change between the last two evaluations of a plateau: 0.01 of a fraction metric
 #: (1 point of accuracy or F1). A convention of this project, not a statistical test.
@@ -50,6 +50,21 @@ def last_change(cell_metrics: dict, kind: str, column: str) -> tuple[int, int, f
             (a, va), (b, vb) = points[-2:]
             found.append((a, b, vb - va))
     return max(found, key=lambda x: abs(x[2])) if found else None
+
+
+def by_cell(runs: Iterable[dict]) -> dict[tuple, dict]:
+    """The cells' metrics keyed by (dataset, partition, label, seed), as a table target names them."""
+    return {tuple(cell_ident(r)[k] for k in ("dataset", "partition", "label", "seed")): r for r in runs}
+
+
+def seed_changes(runs: dict[tuple, dict], target, kind: str, seeds: Iterable[int]) -> dict[int, tuple[int, int, float]]:
+    """{seed: last_change} of a table target's cells (`runs` from by_cell), for the seeds with a curve."""
+    found = {}
+    for s in sorted(seeds):
+        run = runs.get((target.dataset, target.partition, target.label, s))
+        if run is not None and (x := last_change(run, kind, target.column)) is not None:
+            found[s] = x
+    return found
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,7 @@ from fedrepro.io import write_text_atomic
 from fedrepro.registry import ConfigError, show
 from fedrepro.report.paper_tables import _num, _signed, paired_text
 from fedrepro.report.papers import PUBLISHED_DIR, Metric, Paper, Target, load_published, published_path
-from fedrepro.report.plateau import NOT_CONVERGED, PLATEAU_TOLERANCE, Movement, last_change, movement, rounds_text
+from fedrepro.report.plateau import NOT_CONVERGED, PLATEAU_TOLERANCE, Movement, by_cell, movement, rounds_text, seed_changes
 from fedrepro.report.stats import ALPHA, WILCOXON_MIN_SEEDS, PairedTest, SeedStats, paired_test, seed_stats
 
 MARKS = ("RECON", "PAPER≠CODE")
@@ -566,7 +566,7 @@ def measure(ledger: Ledger, results: str | Path) -> dict:
     """The `measured:` block from the cells' metrics.json under results/<experiment>/runs (the
     workflow's layout); each file is checked to belong to the experiment's current cell."""
     from fedrepro.custody import expected_token
-    from fedrepro.report.aggregate import cell_ident, load_cells, summary_frame
+    from fedrepro.report.aggregate import load_cells, summary_frame
     from fedrepro.report.paper_tables import _per_seed
 
     results = Path(results)
@@ -583,16 +583,14 @@ def measure(ledger: Ledger, results: str | Path) -> dict:
                           f"results folder of {ledger.headline.experiment} (results/{ledger.exp.get('experiment')})")
     cells = load_cells(paths, expect)
     frame = summary_frame(cells)
-    runs = {tuple(cell_ident(c)[k] for k in ("dataset", "partition", "label", "seed")): c for c in cells}
+    runs = by_cell(cells)
     labels, kinds, changes = {}, {}, {}
     for name, t in ledger.targets.items():
         _, kind, raw, _ = _per_seed(frame, t)
         labels[name] = {str(s): round(float(v), 6) for s, v in sorted(raw.items())}
         kinds[name] = kind
-        changes[name] = {}
-        for s in sorted(raw):  # the last change of its curve (report/plateau.py), where it has one
-            if (x := last_change(runs[(t.dataset, t.partition, t.label, s)], kind, t.column)) is not None:
-                changes[name][str(s)] = [x[0], x[1], round(x[2], 6)]
+        # the last change of its curve (report/plateau.py), where it has one
+        changes[name] = {str(s): [a, b, round(c, 6)] for s, (a, b, c) in seed_changes(runs, t, kind, raw).items()}
     column = next(iter(ledger.targets.values())).column
     return {"source": results.as_posix(), "date": datetime.date.today().isoformat(),
             "seeds": sorted({int(c["seed"]) for c in ledger.exp["cells"]}), "column": column, "kinds": kinds,
