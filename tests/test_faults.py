@@ -263,6 +263,29 @@ def test_full_disk_fails_the_training_job_cleanly_and_a_rerun_completes(tmp_path
 
 
 @pytest.mark.slow
+def test_forced_retrain_failing_on_a_full_disk_keeps_the_earlier_result(tmp_path):
+    """A finished cell retrained with --forcerun while its runs folder is full: the job fails,
+    and the earlier metrics.json and provenance.json are still there, byte for byte (Snakemake
+    deletes a job's outputs before it starts unless they are flagged update(), as train's are)."""
+    config = tiny_config("forced")
+    cfg = write_config(tmp_path, config)
+    runs = tmp_path / "results" / config["experiment"] / "runs"
+    with small_filesystem(runs):
+        snakemake(tmp_path, "--configfile", cfg, *LOCAL_ARGS)
+        results = {name: (run_dir(tmp_path, config) / name).read_bytes() for name in ("metrics.json", "provenance.json")}
+        for name in results:  # second links: deleting the outputs frees no space, the disk stays full
+            os.link(run_dir(tmp_path, config) / name, runs / f"held-{name}")
+        fill(runs)
+        proc = snakemake(tmp_path, "--forcerun", "train", "--configfile", cfg, *LOCAL_ARGS, check=False)
+        assert proc.returncode != 0 and "Error in rule train" in proc.stdout + proc.stderr
+        assert "No space left on device" in train_log(tmp_path, config).read_text()
+        for name, data in results.items():
+            assert (run_dir(tmp_path, config) / name).read_bytes() == data, f"the failed retrain lost {name}"
+        assert files_under(runs) == ["digits/dir/fedavg/seed0/metrics.json", "digits/dir/fedavg/seed0/provenance.json",
+                                     "filler", "held-metrics.json", "held-provenance.json"], "the failed job left files"
+
+
+@pytest.mark.slow
 def test_full_disk_fails_partitioning_cleanly(tmp_path):
     config = tiny_config("fulldisk_shards")
     cfg = write_config(tmp_path, config)

@@ -1,6 +1,7 @@
 """Extending fedrepro from outside: a method from a separately installed package (entry point),
-modules named by FEDREPRO_PLUGINS / the config key `plugins`, and a method added at run time
-that needs no other file (no search space entry, no regenerated doc)."""
+required by name in the config key `plugins`, modules named by FEDREPRO_PLUGINS, and a method
+added at run time that needs no other file (no search space entry, no regenerated doc).
+(A config never imports a module: tests/test_hostile_plugins.py.)"""
 
 from __future__ import annotations
 
@@ -50,6 +51,14 @@ def test_plugin_method_from_an_installed_package_is_listed_and_trains_a_cell(ins
     assert "origin: plugin fedrepro-example-plugin 0.1.0 (entry point fedrepro.methods:fedavg_slr)" in listed.stdout
     assert "server_lr = 1.0" in listed.stdout and "tuning space: lr in" in listed.stdout and "server_lr in [0.5" in listed.stdout
     assert "fedavg_slr" not in METHODS  # this process lacks the package: the entry point provides it
+    config = tmp_path / "requires.yaml"
+    config.write_text(yaml.safe_dump({**tiny_config(), "plugins": ["fedrepro-example-plugin"],
+                                      "methods": {"slr": {"method": "fedavg_slr"}}}))
+    validated = run_fedrepro(["validate", str(config)], [installed_plugin])
+    assert validated.returncode == 0, validated.stderr
+    missing = run_fedrepro(["validate", str(config)], [])
+    assert missing.returncode == 2 and ("config key 'plugins' has value 'fedrepro-example-plugin'; allowed: an installed "
+                                        "fedrepro plugin (none is installed)") in missing.stderr, missing.stderr
 
     cell = make_cell("fedavg")
     cell.update(method="fedavg_slr", label="slr", hparams={"server_lr": 0.5})
@@ -62,46 +71,33 @@ def test_plugin_method_from_an_installed_package_is_listed_and_trains_a_cell(ins
     assert metrics["summary"]["global_acc"]["weighted_mean"] is not None
 
 
-def test_plugins_config_key_and_environment_variable(tmp_path, monkeypatch):
-    """A module named by `plugins:` registers a method the same config then uses; a bad module
-    name is one clear error; FEDREPRO_PLUGINS loads a module in a process without the config
-    (how the workflow's jobs, local or SLURM, get the config's plugins)."""
+def test_plugins_environment_variable_and_config_key(tmp_path, monkeypatch):
+    """FEDREPRO_PLUGINS loads a module on PYTHONPATH in any process (how the workflow's jobs, local
+    or SLURM, get the operator's plugins); the config key `plugins` names installed plugins only
+    and never imports the module it names."""
     (tmp_path / "my_plugins.py").write_text(
         "from fedrepro.methods import register\nfrom fedrepro.methods.fedavg import FedAvg\n\n"
         "@register\nclass Mine(FedAvg):\n    name = 'mine_from_config'\n    summary = 'FedAvg under another name'\n")
     listed = run_fedrepro(["list", "methods", "mine_from_config"], [tmp_path], FEDREPRO_PLUGINS="my_plugins")
     assert "origin: module my_plugins (environment variable FEDREPRO_PLUGINS)" in listed.stdout, listed.stderr
 
-    from fedrepro import plugins
-
     monkeypatch.syspath_prepend(str(tmp_path))
     cfg = tiny_config()
     cfg["methods"] = {"mine": {"method": "mine_from_config"}}
-    with pytest.raises(ConfigError, match="unknown method 'mine_from_config'"):
-        resolve_experiment(cfg)
-    try:
-        exp = resolve_experiment({**cfg, "plugins": ["my_plugins"]})
-        assert {c["method"] for c in exp["cells"]} == {"mine_from_config"}
-        assert METHODS.entry("mine_from_config").origin == "module my_plugins (config key 'plugins')"
-    finally:
-        METHODS.remove("mine_from_config")
-        plugins._modules.discard("my_plugins")
-        sys.modules.pop("my_plugins", None)
-    with pytest.raises(ConfigError, match="config key 'plugins': plugin module 'no_such_plugin_module' failed to import: "
-                                          "ModuleNotFoundError"):
-        resolve_experiment({**cfg, "plugins": ["no_such_plugin_module"]})
-    assert plugins.env_with(["a", "b"]) == "a,b"
-    monkeypatch.setenv(plugins.PLUGINS_ENV, "b, c")
-    assert plugins.env_with(["a", "b"]) == "b,c,a"
+    with pytest.raises(ConfigError, match="config key 'plugins' has value 'my_plugins'; allowed: an installed fedrepro "
+                                          "plugin .* FEDREPRO_PLUGINS=my_plugins with its folder on PYTHONPATH"):
+        resolve_experiment({**cfg, "plugins": ["my_plugins"]})
+    assert "my_plugins" not in sys.modules and "mine_from_config" not in METHODS
 
 
-def test_plugins_do_not_change_cell_hashes():
+def test_plugins_do_not_change_cell_hashes(monkeypatch):
+    from fedrepro import plugins
     from fedrepro.io import short_hash
-    from fedrepro.plugins import load_modules
 
-    load_modules(["fedrepro.methods.fedavg"], "test")  # an importable module that adds nothing new
+    plugins.load_modules(["fedrepro.methods.fedavg"], "test")  # an importable module that adds nothing new
+    monkeypatch.setattr(plugins, "installed", lambda: {"some-plugin": "some-plugin 1.0 (fedrepro.methods:x)"})
     plain = resolve_experiment(tiny_config())
-    with_key = resolve_experiment({**tiny_config(), "plugins": ["fedrepro.methods.fedavg"]})
+    with_key = resolve_experiment({**tiny_config(), "plugins": ["some-plugin"]})
     assert plain["cells"] and [short_hash(c) for c in plain["cells"]] == [short_hash(c) for c in with_key["cells"]]
     assert [p["id"] for p in plain["partitions"]] == [p["id"] for p in with_key["partitions"]]
 

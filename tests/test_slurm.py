@@ -422,6 +422,36 @@ def test_cancelled_job_is_retried_by_the_profile_and_resumes(cluster, slurm_run)
     assert not ckpt.exists()  # removed once the cell completed
 
 
+def test_failed_forced_retrain_keeps_the_earlier_result(cluster, slurm_run, tmp_path):
+    """A cell the SLURM run finished, retrained with --forcerun train in a job that fails: its
+    metrics.json and provenance.json are still there, byte for byte. Train's outputs are update():
+    the cell's Snakemake on the node backs them up and puts them back; the sbatch job's Snakemake and
+    the main one then find no backup and, without the profile's keep-incomplete, delete them.
+    The job fails for certain: a directory where the cell's checkpoint goes (`fedrepro train` exits 2).
+    In a copy of the run's data and that one cell, so the run's own results stay as they are; one
+    try (each of the profile's retries would go the same way)."""
+    label = "fedavg"
+    cell = Path("results", EXPERIMENT, "runs", "digits", "dir", label, "seed0")
+    for sub in ("raw", "shards"):
+        shutil.copytree(slurm_run.work / "results" / sub, tmp_path / "results" / sub)
+    shutil.copytree(slurm_run.work / cell, tmp_path / cell)
+    earlier = {name: (tmp_path / cell / name).read_bytes() for name in ("metrics.json", "provenance.json")}
+    (tmp_path / "results" / EXPERIMENT / "checkpoints" / "digits" / "dir" / label / "seed0.pt").mkdir(parents=True)
+    (tmp_path / "tiny.yaml").write_text(yaml.safe_dump({**slurm_run.config, "methods": {label: {}}}))
+
+    rc, text = snakemake(cluster, tmp_path, "--configfile", "tiny.yaml", *OVERRIDES, "--forcerun", "train",
+                         "--retries", "0", log_name="forced.log")
+    assert rc != 0, text[-6000:]
+    failures = re.findall(r"^Error in rule train:\n\s+message: SLURM-job '\d+' failed.*\n\s+jobid: \d+\n.*\n"
+                          rf"\s+output: {re.escape(str(cell / 'metrics.json'))} \(update\)", text, re.M)
+    assert len(failures) == 1, text[-6000:]
+    train_log = tmp_path / "results" / EXPERIMENT / "logs" / "train" / "digits" / "dir" / label / "seed0.log"
+    assert "--checkpoint: an existing directory" in train_log.read_text()
+    for name, data in earlier.items():
+        path = tmp_path / cell / name
+        assert path.is_file() and path.read_bytes() == data, f"the failed retrain lost {name}"
+
+
 def job_times(work: Path) -> dict[str, tuple[float, float]]:
     """Start and end (epoch seconds) of the job that made each output, as Snakemake records them.
 

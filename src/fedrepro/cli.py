@@ -73,13 +73,19 @@ def _experiment(args) -> tuple[dict, dict]:
 
 def cmd_validate(args) -> None:
     import os
+    from unittest import mock
 
-    from .config import load_and_resolve
-    from .overrides import cli_items
     from .registry import ALLOW_LARGE_ENV
 
-    if args.allow_large_budgets:
-        os.environ[ALLOW_LARGE_ENV] = "1"
+    # for this command only: `main` called in-process (tests, notebooks) must not keep the bounds lifted
+    with mock.patch.dict(os.environ, {ALLOW_LARGE_ENV: "1"} if args.allow_large_budgets else {}):
+        _validate(args)
+
+
+def _validate(args) -> None:
+    from .config import load_and_resolve
+    from .overrides import cli_items
+
     # one experiment of the merged files (as Snakemake's --configfile), or --each file on its own
     runs = [[path] for path in args.configs] if args.each else [args.configs]
     for paths in runs:
@@ -170,9 +176,11 @@ def cmd_partition(args) -> None:
 
 def cmd_plot_partition(args) -> None:
     from .data.shards import read_manifest
-    from .report.plots import plot_partition
+    from .report.plots import check_partition_folder, plot_partition
 
-    plot_partition(read_manifest(args.shards), args.out)
+    manifest = read_manifest(args.shards)
+    check_partition_folder(args.shards, manifest)
+    plot_partition(manifest, args.out)
 
 
 _CELL_ID = re.compile(r"(?P<dataset>[^/]+)/(?P<partition>[^/(]+)(?:\((?P<pid>[0-9a-f]+)\))?/(?P<label>[^/\[]+)"
@@ -283,6 +291,7 @@ def cmd_select(args) -> None:
     from .tuning import select_winner
 
     spec = args.spec
+    check.check_select_spec(spec)
     runs = [{"trial": r["trial"], "seed": r["seed"], "metrics": read_metrics(r["metrics"])} for r in spec["runs"]]
     record = select_winner(spec, runs, spec["metric"])
     record = {k: spec[k] for k in ("dataset", "partition", "label", "method")} | record
@@ -311,11 +320,9 @@ def cmd_aggregate(args) -> None:
 
 
 def cmd_tables(args) -> None:
-    import pandas as pd
+    from .report.tables import read_summary, write_tables
 
-    from .report.tables import write_tables
-
-    for path in write_tables(pd.read_csv(args.summary), args.out_dir):
+    for path in write_tables(read_summary(args.summary), args.out_dir):
         print(path)
 
 
@@ -392,9 +399,10 @@ def cmd_readings(args) -> None:
 
 def cmd_plots(args) -> None:
     from .report.aggregate import load_cells
-    from .report.plots import plot_client_distribution, plot_curves
+    from .report.plots import check_panel, plot_client_distribution, plot_curves
 
     cells = load_cells(args.metrics)
+    check_panel(cells, args.dataset, args.partition)
     if args.tsne:
         from .report.plots import plot_tsne
 
@@ -422,7 +430,8 @@ def cmd_status(args) -> None:
     if args.watch is not None and not args.watch > 0:
         raise ConfigError(f"--watch {args.watch:g}: must be a number of seconds > 0")
     while True:
-        text = render(collect(root), root)
+        problems: list[str] = []  # files that are not regular, too large or not JSON: named, never read whole
+        text = render(collect(root, problems), root, problems)
         if not args.watch:
             print(text)
             return
@@ -436,12 +445,11 @@ def cmd_status(args) -> None:
 
 
 def cmd_report_page(args) -> None:
-    import pandas as pd
-
     from .io import write_text_atomic
     from .report.landing import description_rst
+    from .report.tables import read_summary
 
-    write_text_atomic(args.out, description_rst(pd.read_csv(args.summary), args.spec, args.curves))
+    write_text_atomic(args.out, description_rst(read_summary(args.summary), args.spec, args.curves))
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from .io import FileTooLarge, NotRegularFile, file_kind, read_regular
+from .io import FileTooLarge, NotRegularFile, file_kind, load_json, read_regular
 
 #: Largest JSON file an argument may name (--tuned, a select rule's record: a few KB).
 MAX_JSON_BYTES = 16 << 20
@@ -67,9 +67,9 @@ def read_bounded(path: str, limit: int) -> bytes:
 def json_object_text(value: str) -> dict:
     """A JSON object given inline (--cell, --spec, --params)."""
     try:
-        obj = json.loads(value)
-    except (json.JSONDecodeError, RecursionError) as exc:
-        raise _bad(f"not JSON ({getattr(exc, 'msg', 'nested too deeply')})", _short(value), "a JSON object {...}") from None
+        obj = load_json(value)
+    except json.JSONDecodeError as exc:
+        raise _bad(f"not JSON ({exc.msg})", _short(value), "a JSON object {...}") from None
     if not isinstance(obj, dict):
         raise _bad(f"JSON of type {type(obj).__name__}", _short(value), "a JSON object {...}")
     return obj
@@ -79,8 +79,8 @@ def json_object_file(value: str) -> dict:
     """A regular file holding a JSON object (--tuned), read up to MAX_JSON_BYTES."""
     existing_file(value)
     try:
-        obj = json.loads(read_bounded(value, MAX_JSON_BYTES))
-    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
+        obj = load_json(read_bounded(value, MAX_JSON_BYTES))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise _bad(f"not a JSON file ({getattr(exc, 'msg', None) or type(exc).__name__})", value, "a file holding a JSON object") from None
     except OSError as exc:
         raise _bad(f"cannot read the file ({exc.strerror})", value, "a readable regular file") from None
@@ -225,3 +225,43 @@ def check_cell(cell: dict) -> None:
     for key in ("hparams", "training", "evaluation"):
         if not isinstance(cell[key], dict):
             raise ConfigError(f"argument --cell: key '{key}' has value {show(cell[key])}; allowed: a mapping")
+
+
+#: The keys of the select rule's --spec (workflow/rules/common.smk select_spec) that `fedrepro select` reads.
+SELECT_SPEC_KEYS = ("dataset", "partition", "label", "method", "space", "trials", "metric", "runs")
+
+
+def check_select_spec(spec: dict) -> None:
+    """ConfigError (one line) for a `fedrepro select --spec` that is not what the select rule writes:
+    a missing key, a key of the wrong type, or a run of a trial the spec does not list."""
+    from .registry import ConfigError, show
+    from .tuning import METRIC_MODELS, METRIC_STATS
+
+    missing = [k for k in SELECT_SPEC_KEYS if k not in spec]
+    if missing:
+        raise ConfigError(f"argument --spec: missing key(s) {', '.join(missing)}; allowed: a JSON object with keys "
+                          f"{', '.join(SELECT_SPEC_KEYS)} (the workflow's select rule writes it)")
+
+    def need(ok: bool, key: str, allowed: str) -> None:
+        if not ok:
+            value = spec
+            for part in key.replace("]", "").replace("[", ".").split("."):
+                value = value[int(part)] if isinstance(value, list) else value[part]
+            raise ConfigError(f"argument --spec: key '{key}' has value {show(value)}; allowed: {allowed}")
+
+    for key in ("dataset", "partition", "label", "method"):
+        need(isinstance(spec[key], str), key, "a string")
+    need(isinstance(spec["space"], dict), "space", "a mapping of tuned parameter -> values")
+    need(isinstance(spec["metric"], dict) and spec["metric"].get("model") in METRIC_MODELS
+         and spec["metric"].get("stat") in METRIC_STATS, "metric",
+         f"{{model: {' | '.join(METRIC_MODELS)}, stat: {' | '.join(METRIC_STATS)}}}")
+    need(isinstance(spec["trials"], list) and bool(spec["trials"]), "trials", "a non-empty list of {id, values}")
+    for i, t in enumerate(spec["trials"]):
+        need(isinstance(t, dict) and isinstance(t.get("id"), str) and isinstance(t.get("values"), dict), f"trials[{i}]",
+             "{id: string, values: mapping}")
+    ids = [t["id"] for t in spec["trials"]]
+    need(isinstance(spec["runs"], list), "runs", "a list of {trial, seed, metrics}")
+    for i, r in enumerate(spec["runs"]):
+        need(isinstance(r, dict) and r.get("trial") in ids and isinstance(r.get("seed"), int)
+             and not isinstance(r.get("seed"), bool) and isinstance(r.get("metrics"), str), f"runs[{i}]",
+             f"{{trial: one of the trials' ids {show(ids)}, seed: integer, metrics: path of the trial's metrics.json}}")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+import math
 import re
 from importlib import resources
 from pathlib import Path
@@ -20,14 +21,16 @@ import yaml
 from .configfile import check_plain, plain_copy, read_config_file
 from .data.datasets import DATASETS, group_columns, has_official_test, sample_bounds, sample_shape
 from .data.shards import partition_id, resolve_partition_spec
+from .engine.data import CROP_PADDING, augment_problem
 from .io import short_hash
 from .methods import METHODS
 from .models import MODELS, input_problem
 from .models.pretrain import PROXY_WEIGHTS, pretrain_spec
-from .plugins import load_modules
+from .plugins import require as require_plugins
 from .tracking import TRACKING_DEFAULTS, check_available
 from .overrides import blame, key_path, nested, parse_item
-from .registry import ConfigError, large_budgets_allowed, lift_hint, resolve_params, show
+from .registry import (HARD_NUMBER_MAX, SANITY_MAX, ConfigError, cells_over, large_budgets_allowed, lift_hint, resolve_params,
+                       show)
 from .tuning import apply_values, resolve_tuning
 
 TRAINING_DEFAULTS: dict[str, Any] = {
@@ -82,6 +85,12 @@ BUDGETS = {
     "num_clients": 100_000,
     "cells": 10_000,
 }
+# The numbers of a training block (optimizer lr, momentum, weight_decay; lr_schedule gamma, values,
+# min_lr, milestones; the *_every counts) are bounded like every other numeric parameter
+# (registry.SANITY_MAX, lifted with the budgets) and, lifted or not, by TRAINING_NUMBER_MAX: torch
+# takes them as float32 scalars (3.4e38 at most; 1e308 is an overflow traceback in the job) and the
+# job multiplies up to three of them (lr x gamma^k x weight_decay), which stays in range below 1e12.
+TRAINING_NUMBER_MAX = HARD_NUMBER_MAX
 
 
 def schema() -> dict:
@@ -133,8 +142,10 @@ def _sweep_text(where: str, value: Any) -> str:
                       "label of their own in `methods`)")
 
 
-def _sweep_points(label: str, sweep: Any) -> list[tuple[str, dict]]:
-    """[(label, {dotted key: value})] of a methods entry's sweep: every combination of the values."""
+def _sweep_points(label: str, sweep: Any, per_label: int = 1, other_labels: int = 0) -> list[tuple[str, dict]]:
+    """[(label, {dotted key: value})] of a methods entry's sweep: every combination of the values.
+    ConfigError, before one is built, where they and `other_labels`, `per_label` cells each, would
+    make more than the cell budget."""
     where = f"methods.{label}.sweep"
     flat: dict[str, Any] = {}
 
@@ -163,6 +174,16 @@ def _sweep_points(label: str, sweep: Any) -> list[tuple[str, dict]]:
             raise ConfigError(f"config key '{where}.{key}' has value {show(values)}; allowed: distinct values")
         prefix = key.replace(".", "_") if names.count(name) > 1 else name
         texts.append([f"{prefix}{t}" for t in shown])
+    size = 1
+    for values in flat.values():
+        size *= len(values)
+    cells = (size + other_labels) * per_label  # from the list lengths: 10 keys x 10 values are never built
+    allowed = cells_over(cells, BUDGETS["cells"])
+    if allowed:
+        sizes = " x ".join(f"{key}: {len(values)}" for key, values in flat.items())
+        raise ConfigError(f"config key '{where}' makes {size:,} labels ({sizes} values); with {other_labels} other label(s) "
+                          f"and {per_label} cell(s) per label (datasets x partitions x seeds) that is {cells:,} cells; "
+                          f"allowed: {allowed}")
     points = []
     for combo, text in zip(itertools.product(*flat.values()), itertools.product(*texts)):
         new = "-".join((label, *text))
@@ -180,6 +201,9 @@ def expand_sweeps(config: Any) -> tuple[Any, dict[str, dict]]:
     if not isinstance(methods, dict) or not any(isinstance(m, dict) and "sweep" in m for m in methods.values()):
         return config, {}
     out, sweeps = {}, {}
+    # the cells each label makes, so a sweep's size is checked against the cell budget before it is built
+    per_label = _cells_per_label(config)
+    labels = sum(1 for m in methods.values() if not (isinstance(m, dict) and "sweep" in m))
     for label, entry in methods.items():
         if not (isinstance(entry, dict) and "sweep" in entry):
             out[label] = entry
@@ -189,7 +213,9 @@ def expand_sweeps(config: Any) -> tuple[Any, dict[str, dict]]:
                               "or tuning, not both (tuning would replace the swept values by its own selection)")
         base = {k: v for k, v in entry.items() if k != "sweep"}
         base.setdefault("method", label)
-        for new, point in _sweep_points(label, entry["sweep"]):
+        points = _sweep_points(label, entry["sweep"], per_label, labels)
+        labels += len(points)
+        for new, point in points:
             if new in methods or new in out:
                 raise ConfigError(f"config key 'methods.{label}.sweep' makes the label {new!r}, which is already a label; "
                                   "allowed: labels that differ from every other label")
@@ -198,6 +224,18 @@ def expand_sweeps(config: Any) -> tuple[Any, dict[str, dict]]:
                 merged = _deep_update(merged, nested(key.split("."), value))
             out[new], sweeps[new] = merged, point
     return {**config, "methods": out}, sweeps
+
+
+def _cells_per_label(config: dict) -> int:
+    """The cells one method label makes, (dataset, partition) pairs x seeds, as far as the config (not
+    yet checked by the schema) says; at least 1."""
+    datasets, partitions, seeds = config.get("datasets"), config.get("partitions"), config.get("seeds")
+    names = list(datasets) if isinstance(datasets, dict) else []
+    pairs = 0
+    for p in partitions.values() if isinstance(partitions, dict) else ():
+        only = p.get("datasets") if isinstance(p, dict) else None
+        pairs += len([d for d in names if d in only]) if isinstance(only, list) and only else len(names)
+    return max(1, pairs) * max(1, len(seeds) if isinstance(seeds, list) else 1)
 
 
 def _allowed(err: jsonschema.ValidationError) -> str:
@@ -378,14 +416,51 @@ def _check_training_budget(where: str, t: dict) -> None:
     if total > BUDGETS["rounds_x_local_epochs"] and not large_budgets_allowed():
         raise ConfigError(f"config key '{where}.rounds' x '{where}.local_epochs' = {total:,}; allowed: at most "
                           f"{BUDGETS['rounds_x_local_epochs']:,} local epochs per client {lift_hint()}")
+    for key, value in _numbers(t):
+        _number_bound(f"{where}.{key}", value)
+    s, lr = t["lr_schedule"], t["optimizer"]["lr"]
+    if s["name"] == "multistep" and not s["values"] and s["gamma"] > 1 and s["milestones"]:
+        n = len(s["milestones"])  # the lr rises to lr x gamma^n: that must stay in range too
+        peak = math.log10(lr) + n * math.log10(s["gamma"])
+        if peak > math.log10(TRAINING_NUMBER_MAX if large_budgets_allowed() else SANITY_MAX):
+            _number_bound(f"{where}.lr_schedule.gamma", 10 ** min(peak, 300),
+                          f"{show(s['gamma'])}, which raises '{where}.optimizer.lr' ({show(lr)}) to about 1e{peak:.0f} "
+                          f"after its {n} milestone(s)")
+
+
+def _numbers(block: Any, prefix: str = "") -> list[tuple[str, int | float]]:
+    """[(dotted key, number)] of every int or float (not bool) in a training block, lists included."""
+    if isinstance(block, dict):
+        return [kv for k, v in block.items() for kv in _numbers(v, f"{prefix}{'.' if prefix else ''}{k}")]
+    if isinstance(block, (list, tuple)):
+        return [kv for i, v in enumerate(block) for kv in _numbers(v, f"{prefix}[{i}]")]
+    return [(prefix, block)] if isinstance(block, (int, float)) and not isinstance(block, bool) else []
+
+
+def _number_bound(where: str, value: int | float, shown: str | None = None) -> None:
+    """ConfigError for a training number beyond the sanity bound (unless lifted) or TRAINING_NUMBER_MAX (always)."""
+    shown = shown or show(value)
+    if abs(value) > SANITY_MAX and not large_budgets_allowed():
+        raise ConfigError(f"config key '{where}' has value {shown}; allowed: at most {SANITY_MAX:,} in magnitude "
+                          f"{lift_hint()}")
+    if abs(value) > TRAINING_NUMBER_MAX:
+        raise ConfigError(f"config key '{where}' has value {shown}; allowed: at most {TRAINING_NUMBER_MAX:g} in magnitude "
+                          "(torch's float32 optimizer arithmetic overflows beyond; not lifted by "
+                          "FEDREPRO_ALLOW_LARGE_BUDGETS)")
 
 
 def _check_partition_size(label: str, ds: str, dsinfo: dict, spec: dict) -> None:
-    """num_clients, min_partition_size and the split against the dataset's size (where it is known)."""
+    """num_clients, min_partition_size and the split against the dataset's size (where it is known), and
+    the partitioner's own verdict on the dataset's class counts (where they are known: the counts
+    `prepare` cached, else those the registry declares), which the partition step would reach too."""
+    from .data.datasets import class_counts
+    from .data.partitioners import Infeasible, infeasibility
+
+    known = class_counts(ds, dsinfo["params"], spec["pool"])
     bounds = sample_bounds(ds, dsinfo["params"])
-    if bounds is None:
+    if bounds is None and known is None:
         return
-    n = bounds[1] if spec["pool"] else bounds[0]
+    n = int(known[0].sum()) if known is not None else bounds[1] if spec["pool"] else bounds[0]
     scope = f"the {n:,} samples of {ds}" + ("" if spec["pool"] else " (its official train set: pool: false)")
     k = spec["num_clients"]
     if k > n:
@@ -407,6 +482,13 @@ def _check_partition_size(label: str, ds: str, dsinfo: dict, spec: dict) -> None
                           f"({scope} over {k} disjoint clients), or 0 for the largest size the classes allow")
     if spec["params"].get("sampler") == "plato" and size and size > n:
         raise ConfigError(f"config key 'partitions.{label}.params.partition_size' has value {size}; allowed: at most {scope}")
+    if known is not None:
+        try:
+            infeasibility(spec["partitioner"], known[0], k, spec["seed"], spec["params"])
+        except Infeasible as exc:
+            raise ConfigError(f"config key 'partitions.{label}.{exc.key}' has value {show(exc.value)}; allowed: {exc.allowed} "
+                              f"(decided from {known[1]}{'' if spec['pool'] else ', official train set'}, as the partition "
+                              "step would)") from None
     split = spec["split"]
     train_share = 1 - split["test_fraction"] - split["val_fraction"]
     if n / k * train_share < 1:
@@ -451,7 +533,7 @@ def resolve_experiment(config: dict) -> dict[str, Any]:
     config, sweeps = expand_sweeps(config)
     _schema_errors(config)
     config = plain_copy(config)
-    load_modules(config.get("plugins") or [], "config key 'plugins'")  # before any name is looked up
+    require_plugins(config.get("plugins") or [])  # installed plugins only: a config never imports a module
     for label, p in config["partitions"].items():
         _budget(f"partitions.{label}.num_clients", p["num_clients"], "num_clients")
     name = config["experiment"]
@@ -517,6 +599,7 @@ def resolve_experiment(config: dict) -> dict[str, Any]:
         method = m.get("method", label)
         if method not in METHODS:
             raise ConfigError(f"config key 'methods.{label}': unknown method {method!r}; allowed: {', '.join(METHODS.names())}")
+        _check_label_shadow(label, method)
         entry = METHODS.entry(method)
         hp = resolve_params(f"config key 'methods.{label}.hparams' (method '{method}')", entry.params, m.get("hparams"))
         # a label's own model replaces every dataset's (Calibre's local linear classifier: mlp with no hidden layer)
@@ -547,9 +630,12 @@ def resolve_experiment(config: dict) -> dict[str, Any]:
                                   f"dataset with an official test set, which {ds} (params {show(datasets[ds]['params'])}) has not; "
                                   f"'union' scores the clients' test splits together")
             shape = sample_shape(ds, datasets[ds]["params"])
-            if t["augment"] != "none" and len(shape) != 3:
+            problem = augment_problem(t["augment"], shape)
+            if problem:
+                resizable = "image_size" in datasets[ds]["params"] and len(shape) == 3
                 raise ConfigError(f"config key '{where}.augment' has value {t['augment']!r}; allowed: 'none' for {ds}, whose "
-                                  f"samples of shape {shape} are not images (C, H, W)")
+                                  f"samples of shape {shape} are {problem}"
+                                  + (f" (or datasets.{ds}.params.image_size of at least {4 * CROP_PADDING})" if resizable else ""))
             for seed in config["seeds"]:
                 cells.append({
                     "experiment": name, "dataset": ds, "partition": part["label"], "partition_id": part["id"],
@@ -557,22 +643,55 @@ def resolve_experiment(config: dict) -> dict[str, Any]:
                     "seed": seed, "training": t, "evaluation": evaluation,
                     **({"sweep": sweeps[label]} if label in sweeps else {}),  # the swept values: summary.csv's sweep.* columns
                 })
-        if len(cells) > BUDGETS["cells"] and not large_budgets_allowed():
-            raise ConfigError(f"config key '(top level)' expands to more than {BUDGETS['cells']:,} cells (datasets x partitions "
-                              f"x methods x seeds); allowed: at most {BUDGETS['cells']:,} {lift_hint()}")
+        allowed = cells_over(len(cells), BUDGETS["cells"])
+        if allowed:
+            raise ConfigError(f"config key '(top level)' expands to {len(cells):,} cells or more (datasets x partitions "
+                              f"x methods x seeds); allowed: {allowed}")
     tuning = resolve_tuning(config, methods, {m: METHODS.entry(m).params for m, *_ in methods.values()}, config["seeds"])
     tuning_cells = _tuning_cells(tuning, cells, base_training, datasets, methods, partitions) if tuning else []
     for c in cells:
         if tuning and c["label"] in tuning["labels"]:
             c["tuned"] = True  # its hyper-parameters come from the selection (`fedrepro train --tuned`)
-    if len(cells) + len(tuning_cells) > BUDGETS["cells"] and not large_budgets_allowed():
+    _check_duplicate_labels(cells, tuning)
+    allowed = cells_over(len(cells) + len(tuning_cells), BUDGETS["cells"])
+    if allowed:
         raise ConfigError(f"config key 'tuning' expands to {len(tuning_cells):,} tuning cells beside {len(cells):,} final ones; "
-                          f"allowed: at most {BUDGETS['cells']:,} in all {lift_hint()}")
+                          f"allowed: {allowed} in all")
     tracking = {**TRACKING_DEFAULTS, **(config.get("tracking") or {})}  # a side channel: in no cell, so in no hash
     if tracking["tensorboard"]:
         check_available()
     return {"experiment": name, "datasets": datasets, "partitions": partitions, "cells": cells,
             "tuning": tuning, "tuning_cells": tuning_cells, "tracking": tracking}
+
+
+def _check_label_shadow(label: str, method: str) -> None:
+    """ConfigError for a label that is the name of another registered method (`fedavg: {method: local}`):
+    tables, plots, select specs and paper readings key rows on labels, so a reader would take that row for
+    the method it names. A label equal to its own method is the usual case; no shipped config shadows."""
+    if label != method and label in METHODS:
+        raise ConfigError(f"config key 'methods.{label}.method' has value {method!r}; allowed: {label!r} (the method the "
+                          f"label names) or a label that is no method's name for {method!r} (e.g. '{method}_as_{label}'): "
+                          f"tables and readers key rows on labels, and '{label}' reads as method {label!r}")
+
+
+def _check_duplicate_labels(cells: list[dict], tuning: dict | None) -> None:
+    """ConfigError naming both labels when two method labels resolve to identical cells (same method,
+    hyper-parameters, model, training, tuning plan) on some dataset, partition and seed: the same job would
+    train twice under two names and a table would show one result as two rows. No shipped config has such a
+    pair (each config checked, issue 37)."""
+    def name(cell: dict) -> str:  # a sweep point's label is no key of the config
+        return f"the sweep point '{cell['label']}'" if "sweep" in cell else f"'methods.{cell['label']}'"
+
+    plans = (tuning or {}).get("labels") or {}
+    seen: dict[str, dict] = {}
+    for c in cells:
+        key = short_hash({**{k: v for k, v in c.items() if k not in ("label", "sweep")}, "tuning": plans.get(c["label"])})
+        first = seen.setdefault(key, c)
+        if first["label"] != c["label"]:
+            raise ConfigError(f"{'' if 'sweep' in c else 'config key '}{name(c)} resolves to the same cells as {name(first)} "
+                              f"(method {c['method']!r}, the same hyper-parameters, model and training; e.g. {c['dataset']} "
+                              f"partition '{c['partition']}' seed {c['seed']}), which would train twice; allowed: labels "
+                              "whose resolved settings differ (drop one, or change a setting of one)")
 
 
 def _tuning_cells(tuning: dict, cells: list[dict], base_training: dict, datasets: dict, methods: dict,

@@ -24,7 +24,7 @@ from typing import Any, Iterable
 import jsonschema
 import yaml
 
-from .io import FileTooLarge, NotRegularFile, fsync_dir, read_regular, short_hash
+from .io import FileTooLarge, NotRegularFile, fsync_dir, load_json, read_regular, short_hash
 from .registry import ConfigError, show
 
 #: The fields of an identity, in the order a mismatch is reported (the first differing one is named).
@@ -121,7 +121,7 @@ def read_bounded_json(path: str | os.PathLike, limit: int = METRICS_MAX_BYTES, w
     except OSError as exc:
         raise ResultsError(f"{path}: cannot open the {what}: {exc.strerror}") from None
     try:
-        return json.loads(data.decode("utf-8"), parse_constant=_refuse_constant, parse_float=_finite_float)
+        return load_json(data.decode("utf-8"), parse_constant=_refuse_constant, parse_float=_finite_float)
     except UnicodeDecodeError as exc:
         raise ResultsError(f"{path}: not UTF-8 text (byte {exc.start}); the {what} is damaged: {redo}") from None
     except json.JSONDecodeError as exc:

@@ -108,16 +108,24 @@ class NotRegularFile(OSError):
     """read_regular: the path is a directory, FIFO, device or socket (its `st_mode` is kept)."""
 
     def __init__(self, path: str | os.PathLike, mode: int):
-        super().__init__(f"{path}: {file_kind(mode)}, not a regular file")
-        self.filename, self.st_mode = str(path), mode
+        what = f"{file_kind(mode)}, not a regular file"
+        super().__init__(f"{path}: {what}")
+        self.filename, self.st_mode, self.strerror = str(path), mode, what
+
+    def __str__(self) -> str:  # OSError's own would read "[Errno None] None: <path>" (no errno)
+        return str(self.args[0])
 
 
 class FileTooLarge(OSError):
     """read_regular: the file holds more than `limit` bytes (`size` as fstat saw it, or more)."""
 
     def __init__(self, path: str | os.PathLike, size: int, limit: int):
-        super().__init__(f"{path}: {size:,} bytes; allowed: at most {limit:,}")
-        self.filename, self.size, self.limit = str(path), size, limit
+        what = f"{size:,} bytes; allowed: at most {limit:,}"
+        super().__init__(f"{path}: {what}")
+        self.filename, self.size, self.limit, self.strerror = str(path), size, limit, what
+
+    def __str__(self) -> str:
+        return str(self.args[0])
 
 
 def read_regular(path: str | os.PathLike, limit: int | None = None) -> bytes:
@@ -126,10 +134,15 @@ def read_regular(path: str | os.PathLike, limit: int | None = None) -> bytes:
     a check) never hangs or floods the reader (NotRegularFile); a larger file is FileTooLarge.
     A missing or unreadable path raises the OSError of os.open, for the caller to word."""
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | getattr(os, "O_CLOEXEC", 0))
-    with os.fdopen(fd, "rb") as fh:
+    try:  # fstat before fdopen: fdopen itself refuses a directory, with a message naming the fd number
         st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise NotRegularFile(path, st.st_mode)
+    except BaseException:
+        os.close(fd)
+        raise
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        raise NotRegularFile(path, st.st_mode)
+    with os.fdopen(fd, "rb") as fh:
         if limit is not None and st.st_size > limit:
             raise FileTooLarge(path, st.st_size, limit)
         data = fh.read() if limit is None else fh.read(limit + 1)  # + 1: a file that grew since fstat
@@ -264,9 +277,61 @@ def _json_default(o: Any):
     raise TypeError(f"not JSON serializable: {type(o).__name__}")
 
 
-def read_json(path: str | os.PathLike) -> Any:
-    with open(path) as fh:
-        return json.load(fh)
+#: Nesting allowed in a JSON file fedrepro reads (its own files nest < 10 levels). Deeper documents
+#: are refused before parsing: the parser and the code walking the result recurse per level.
+MAX_JSON_DEPTH = 64
+#: Largest JSON file `read_json` reads by default (selection records: KBs).
+MAX_JSON_BYTES = 16 << 20
+# a string, or an unterminated one up to the end (never retried from inside it: linear, not quadratic)
+_JSON_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*(?:"|\\?\Z)', re.S)
+_JSON_NOT_BRACKET = re.compile(r"[^\[\]{}]+")
+_JSON_TOKEN = re.compile(rf"{_JSON_STRING.pattern}|[\[\]{{}}]", re.S)
+
+
+def _json_too_deep(text: str, max_depth: int) -> int | None:
+    """The offset of the first '[' or '{' in `text` nested deeper than `max_depth`, else None.
+    Without recursion and in C loops (regex, numpy): strings are dropped (they may hold brackets),
+    then the running depth of the brackets left is summed in chunks."""
+    brackets = _JSON_NOT_BRACKET.sub("", _JSON_STRING.sub("", text)).encode("ascii")
+    depth, chunk = 0, 1 << 20
+    for start in range(0, len(brackets), chunk):
+        b = np.frombuffer(brackets, np.uint8, count=min(chunk, len(brackets) - start), offset=start)
+        level = np.cumsum(np.where((b == ord("[")) | (b == ord("{")), 1, -1), dtype=np.int64) + depth
+        over = np.flatnonzero(level > max_depth)
+        if over.size:  # rare: find where in `text` that bracket is
+            k = start + int(over[0])
+            tokens = (m for m in _JSON_TOKEN.finditer(text) if m.group()[0] != '"')
+            return next(m for i, m in enumerate(tokens) if i == k).start()
+        depth = int(level[-1])
+    return None
+
+
+def load_json(data: str | bytes, max_depth: int = MAX_JSON_DEPTH, **kwargs: Any) -> Any:
+    """json.loads(data, **kwargs) for every JSON fedrepro reads: `data` (bytes: UTF-8) nested deeper
+    than `max_depth` is refused before it is parsed, as a json.JSONDecodeError at the bracket (so
+    every caller's handling of invalid JSON words it; a 200,000-level document would otherwise raise
+    RecursionError in the parser or in code walking the result)."""
+    text = data.decode("utf-8") if isinstance(data, (bytes, bytearray)) else data
+    pos = _json_too_deep(text, max_depth)
+    if pos is not None:
+        raise json.JSONDecodeError(f"nested more than {max_depth} levels deep; allowed: at most {max_depth}", text, pos)
+    try:
+        return json.loads(text, **kwargs)
+    except RecursionError:  # only where the caller's own stack is already nearly full
+        raise json.JSONDecodeError("nested too deeply to parse here", text, 0) from None
+
+
+def read_json(path: str | os.PathLike, limit: int = MAX_JSON_BYTES) -> Any:
+    """The JSON in the regular file `path` (at most `limit` bytes, read_regular; nesting bounded,
+    load_json). Invalid or too deep JSON is a json.JSONDecodeError whose message names the file;
+    the OSErrors are read_regular's (NotRegularFile, FileTooLarge, FileNotFoundError)."""
+    data = read_regular(path, limit)
+    try:
+        return load_json(data)
+    except UnicodeDecodeError as exc:
+        raise json.JSONDecodeError(f"{path}: not UTF-8 text (byte {exc.start})", "", 0) from None
+    except json.JSONDecodeError as exc:
+        raise json.JSONDecodeError(f"{path}: {exc.msg}", exc.doc, exc.pos) from None
 
 
 def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:

@@ -29,6 +29,7 @@ import re
 from typing import Any, Iterable, Sequence
 
 from .configfile import parse_config_text
+from .io import load_json
 from .registry import ConfigError, show
 
 #: Snakemake's `--config` key that carries the items (`--config set='a.b=1 c=2'`).
@@ -158,7 +159,7 @@ def record(items: Sequence[str]) -> None:
 def recorded() -> list[str]:
     """The items recorded by `record` in this process or its parent; [] when none."""
     try:
-        items = json.loads(os.environ.get(OVERRIDES_ENV) or "[]")
+        items = load_json(os.environ.get(OVERRIDES_ENV) or "[]")  # depth-bounded like every JSON read
     except json.JSONDecodeError:
         return []
     return [i for i in items if isinstance(i, str)] if isinstance(items, list) else []

@@ -1,15 +1,23 @@
 """Components from outside the package: methods, datasets, partitioners and models registered by
 other Python packages or modules (docs/plugins.md).
 
-Two ways in, both loaded at the first registry lookup (fedrepro.registry.Registry):
+No config runs code (docs/security.md): an experiment config never names a module to import.
+Two ways in, both the operator's own act, loaded at the first registry lookup
+(fedrepro.registry.Registry):
 
 * Python entry points of the groups in `GROUPS`, declared by an installed distribution, e.g.
   in its pyproject.toml: `[project.entry-points."fedrepro.methods"] my_method = "my_pkg.my_method"`.
   Loading an entry point imports its module, whose `@register` (or `MODELS.register`, ...)
-  does the registering, as in the package itself.
-* Importable modules named by the environment variable FEDREPRO_PLUGINS (comma-separated)
-  or by an experiment's `plugins:` key (a list of module names). The workflow copies the
-  config key into FEDREPRO_PLUGINS, so every training job, local or on SLURM, imports them too.
+  does the registering, as in the package itself. Installing the package is the opt-in.
+* Modules named by the environment variable FEDREPRO_PLUGINS (comma-separated), looked up only
+  on PYTHONPATH and in the installed packages (`search_path`): never in the current directory,
+  a script's folder or Snakemake's workflow folder, which some processes put on sys.path and
+  others do not. So `fedrepro validate`, Snakemake and every training job (which inherits the
+  variable, locally and on SLURM) decide the same.
+
+An experiment's `plugins:` key only names the installed plugins it requires (`require`): a name
+that is not installed is refused, with what to do instead, and nothing is imported for it.
+Any exit inside a plugin while it loads (SystemExit included) is a ConfigError naming it.
 
 Every entry records its origin (`fedrepro list` prints it). Plugins change no cell hash: a
 cell names its method, and the method's code is recorded in provenance like any other.
@@ -18,7 +26,13 @@ cell names its method, and the method's code is recorded in provenance like any 
 from __future__ import annotations
 
 import importlib
+import importlib.machinery
+import importlib.util
+import json
 import os
+import re
+import subprocess
+import sys
 from importlib.metadata import EntryPoint, entry_points
 from typing import Iterable
 
@@ -31,8 +45,9 @@ GROUPS = {
     "partitioners": "fedrepro.partitioners",
     "models": "fedrepro.models",
 }
-#: Comma-separated module names every fedrepro process imports as plugins.
+#: Comma-separated module names every fedrepro process imports as plugins (the operator's opt-in).
 PLUGINS_ENV = "FEDREPRO_PLUGINS"
+_MODULE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
 
 _started = False
 _modules: set[str] = set()
@@ -57,16 +72,25 @@ def ensure_loaded() -> None:
     load_modules(env_modules(), f"environment variable {PLUGINS_ENV}")
 
 
+def _dist_label(ep: EntryPoint) -> str:
+    return f"{ep.dist.name} {ep.dist.version}" if ep.dist is not None else "an unnamed distribution"
+
+
+def _failure(exc: BaseException) -> str:
+    stop = " (a plugin may not end the process)" if not isinstance(exc, Exception) else ""
+    return f"{type(exc).__name__}: {exc}{stop}"
+
+
 def _load_entry_point(group: str, ep: EntryPoint) -> None:
-    dist = f"{ep.dist.name} {ep.dist.version}" if ep.dist is not None else "an unnamed distribution"
+    dist = _dist_label(ep)
     where = f"plugin {dist} (entry point {group}:{ep.name})"
     try:
         with registering_from(where):
             ep.load()
-    except ConfigError:
+    except (ConfigError, KeyboardInterrupt):
         raise
-    except Exception as exc:  # noqa: BLE001 - a broken plugin must name itself, not crash obscurely
-        raise ConfigError(f"{where} = {ep.value!r} failed to load: {type(exc).__name__}: {exc}; allowed: an importable "
+    except BaseException as exc:  # noqa: BLE001 - a broken or exiting plugin must name itself, not end fedrepro silently
+        raise ConfigError(f"{where} = {ep.value!r} failed to load: {_failure(exc)}; allowed: an importable "
                           f"module that registers fedrepro components (or uninstall {dist})") from exc
 
 
@@ -74,26 +98,102 @@ def env_modules() -> list[str]:
     return [m.strip() for m in os.environ.get(PLUGINS_ENV, "").split(",") if m.strip()]
 
 
+def search_path() -> list[str]:
+    """The folders FEDREPRO_PLUGINS modules are looked up in: the sys.path a fresh interpreter of
+    this environment starts with under -P, i.e. PYTHONPATH and the installed packages. Not the
+    entries a process start adds on its own (the current directory for `python -m`, a script's
+    folder, Snakemake's workflow folder and .snakemake/pip-deployments), on which processes differ."""
+    probe = "import json, sys; print(json.dumps(sys.path))"
+    try:
+        out = subprocess.run([sys.executable, "-P", "-c", probe], capture_output=True, text=True, timeout=120,
+                             check=True, stdin=subprocess.DEVNULL)
+        path = json.loads(out.stdout)
+    except (OSError, ValueError, subprocess.SubprocessError) as exc:
+        raise ConfigError(f"environment variable {PLUGINS_ENV}: cannot determine the module search path of "
+                          f"{sys.executable!r} ({type(exc).__name__}); allowed: a working Python interpreter") from exc
+    return [p for p in path if isinstance(p, str)]
+
+
+def _top_spec(top: str, path: list[str] | None) -> importlib.machinery.ModuleSpec | None:
+    """`top`'s spec as an import would find it, with the path finder limited to `path` (None: sys.path)."""
+    if path is None:
+        return importlib.util.find_spec(top)
+    for finder in sys.meta_path:
+        find = getattr(finder, "find_spec", None)
+        spec = None if find is None else find(top, path) if finder is importlib.machinery.PathFinder else find(top, None)
+        if spec is not None:
+            return spec
+    return None
+
+
+def _location(spec: importlib.machinery.ModuleSpec | None) -> tuple | None:
+    return None if spec is None else (spec.origin, tuple(spec.submodule_search_locations or ()))
+
+
+def _check_findable(name: str, source: str, path: list[str]) -> None:
+    """Refuse `name` unless its top-level package comes from `path` (the same in every process)."""
+    top = name.partition(".")[0]
+    if top in sys.modules:  # already imported by this process (fedrepro itself, the standard library)
+        return
+    allowed, found = _top_spec(top, path), _top_spec(top, None)
+    if allowed is None:
+        raise ConfigError(f"{source}: plugin module {show(name)} is not on PYTHONPATH nor installed; allowed: a "
+                          f"module there (the current directory and the workflow folder are not searched: put "
+                          f"the module's folder on PYTHONPATH, or install it)")
+    if _location(found) != _location(allowed):
+        where = found.origin if found is not None and found.origin else _location(found)
+        raise ConfigError(f"{source}: plugin module {show(name)} would be imported from {show(where)}, outside "
+                          f"PYTHONPATH and the installed packages (it shadows {show(allowed.origin)}); allowed: a "
+                          f"module name found first on PYTHONPATH or installed (rename or remove the other)")
+
+
 def load_modules(modules: Iterable[str], source: str) -> None:
-    """Import each module (once) as a plugin named by `source` (the env variable, a config key)."""
+    """Import each module (once) as a plugin named by `source` (the environment variable)."""
     ensure_loaded()
+    modules = [name for name in modules if name not in _modules]
+    if not modules:
+        return
+    path = search_path()
     for name in modules:
-        if name in _modules:
-            continue
+        if not _MODULE_NAME.fullmatch(name):
+            raise ConfigError(f"{source} has value {show(name)}; allowed: comma-separated module names "
+                              f"(letters, digits, '_', joined by '.')")
+        _check_findable(name, source, path)
         try:
             with registering_from(f"module {name} ({source})"):
                 importlib.import_module(name)
-        except ConfigError:
+        except (ConfigError, KeyboardInterrupt):
             raise
-        except Exception as exc:  # noqa: BLE001
-            raise ConfigError(f"{source}: plugin module {show(name)} failed to import: {type(exc).__name__}: {exc}; "
-                              f"allowed: an importable module (on PYTHONPATH or installed) that registers fedrepro "
-                              f"components") from exc
+        except BaseException as exc:  # noqa: BLE001 - SystemExit too: a plugin that exits is an error, not a silent stop
+            raise ConfigError(f"{source}: plugin module {show(name)} failed to import: {_failure(exc)}; allowed: an "
+                              f"importable module (on PYTHONPATH or installed) that registers fedrepro components") from exc
         _modules.add(name)
 
 
-def env_with(modules: Iterable[str]) -> str:
-    """FEDREPRO_PLUGINS's value with `modules` added (the workflow passes a config's plugins on)."""
-    merged = env_modules()
-    merged += [m for m in modules if m not in merged]
-    return ",".join(merged)
+def _normalized(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()  # distribution names compare so (PEP 503)
+
+
+def installed() -> dict[str, str]:
+    """The installed plugins: {normalized distribution name: 'name version (group:entry point, ...)'}."""
+    found: dict[str, tuple[str, list[str]]] = {}
+    for group in GROUPS.values():
+        for ep in entry_points(group=group):
+            name = ep.dist.name if ep.dist is not None else ""
+            found.setdefault(_normalized(name), (_dist_label(ep), []))[1].append(f"{group}:{ep.name}")
+    return {key: f"{label} ({', '.join(sorted(eps))})" for key, (label, eps) in sorted(found.items())}
+
+
+def require(names: Iterable[str], key: str = "plugins") -> None:
+    """Check a config's `plugins:` key: each name is an installed plugin distribution (or one of
+    its entry points' names). Nothing is imported for it: a config selects, it never loads code."""
+    plugins = installed()
+    entry_names = {e.name for group in GROUPS.values() for e in entry_points(group=group)}
+    for name in names:
+        if _normalized(name) in plugins or name in entry_names:
+            continue
+        have = "; ".join(plugins.values()) or "none is installed"
+        raise ConfigError(f"config key {key!r} has value {show(name)}; allowed: an installed fedrepro plugin "
+                          f"({have}). A config never imports a module: install it as a package with a fedrepro "
+                          f"entry point (docs/plugins.md), or name the module for a run in the environment, "
+                          f"FEDREPRO_PLUGINS={name} with its folder on PYTHONPATH")

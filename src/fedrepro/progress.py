@@ -16,7 +16,6 @@ status files are no workflow output (nor tracked by DVC or git).
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import socket
@@ -27,13 +26,17 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, TextIO
 
-from .io import write_json_atomic
+from .io import FileTooLarge, NotRegularFile, load_json, read_regular, write_json_atomic
 
 STATUS_DIR_ENV = "FEDREPRO_STATUS_DIR"
 STATUS_SCHEMA = "fedrepro.status/1"
 PLAN_FILE = "plan.json"  # results/<experiment>/status/plan.json: every cell of the run (the workflow's onstart)
 _WRITE_EVERY_S = 1.0  # status file rewrites at most this often, besides evaluated and last rounds
 _HEARTBEAT_S = 60.0  # a console line for a running cell at least this often, even between evaluations
+# The largest status file and plan read (a status file is < 1 KB; a plan about 100 bytes per cell):
+# a larger file, a link to a device or a FIFO planted in the folder is named and skipped, never read.
+STATUS_MAX_BYTES = 1 << 20
+PLAN_MAX_BYTES = 64 << 20
 
 
 def _now() -> str:
@@ -42,7 +45,7 @@ def _now() -> str:
 
 def clock(seconds: float | None) -> str:
     """'1:02:03', '4:05' or '-'."""
-    if seconds is None or not math.isfinite(seconds):
+    if not isinstance(seconds, (int, float)) or not math.isfinite(seconds):
         return "-"
     s = int(round(seconds))
     h, rest = divmod(s, 3600)
@@ -128,6 +131,7 @@ class ConsoleWatcher:
         self.seen: dict[Path, tuple] = {}
         self.said: dict[Path, float] = {}
         self.mtimes: dict[Path, float] = {}
+        self.skipped: set[Path] = set()  # unreadable files already named on the console
         self.since = time.time()
 
     def poll(self) -> list[str]:
@@ -141,8 +145,12 @@ class ConsoleWatcher:
             if mtime < self.since or (mtime == self.mtimes.get(path) and not running):
                 continue  # a file of an earlier run, or unchanged
             self.mtimes[path] = mtime
-            s = _read(path)
-            if not s or s.get("schema") != STATUS_SCHEMA:
+            problems: list[str] = []
+            s = _read(path, problems=problems)
+            if problems and path not in self.skipped:
+                self.skipped.add(path)
+                lines.append(f"[fedrepro] status file skipped: {problems[0]}")
+            if not _is_status(s):
                 continue
             key = (s.get("state"), s.get("eval_round"), s.get("started"))
             beat = s.get("state") == "running" and time.monotonic() - self.said.get(path, -math.inf) >= _HEARTBEAT_S
@@ -176,48 +184,84 @@ def _alive(pid: Any, host: Any) -> bool | None:
     return True
 
 
-def _read(path: Path) -> dict | None:
+def _read(path: Path, limit: int = STATUS_MAX_BYTES, problems: list[str] | None = None) -> dict | None:
+    """The JSON object in `path`, or None. Read bounded and without blocking (read_regular, load_json):
+    a FIFO, a device, a file over `limit` bytes or invalid JSON is never read whole; it adds one line
+    naming it to `problems`. A file that vanished (a finished job's cleanup) is no problem."""
     try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
+        data = load_json(read_regular(path, limit))
+        why = None if isinstance(data, dict) else "not a JSON object"
+    except FileNotFoundError:
         return None
-    return data if isinstance(data, dict) else None
+    except (NotRegularFile, FileTooLarge) as exc:
+        why = exc.strerror
+    except OSError as exc:
+        why = exc.strerror or str(exc)
+    except ValueError as exc:  # json.JSONDecodeError, UnicodeDecodeError
+        why = f"not valid JSON ({getattr(exc, 'msg', None) or type(exc).__name__})"
+    if why is None:
+        return data
+    if problems is not None:
+        problems.append(f"{path}: {why}")
+    return None
 
 
-def _finished(key: str, metrics: Path, rounds: Any = None) -> dict | None:
-    m = _read(metrics)
+def _finished(key: str, metrics: Path, rounds: Any = None, problems: list[str] | None = None) -> dict | None:
+    from .custody import METRICS_MAX_BYTES
+
+    m = _read(metrics, METRICS_MAX_BYTES, problems)
     if m is None:
         return None
-    acc = {kind: ((m.get("summary") or {}).get(f"{kind}_acc") or {}).get("weighted_mean") for kind in ("global", "personal")}
+    acc = {kind: _field(m, "summary", f"{kind}_acc", "weighted_mean") for kind in ("global", "personal")}
     return {"cell": key, "state": "done" if m.get("status") == "ok" else "failed", "round": m.get("rounds"),
             "rounds": rounds or m.get("rounds"), "acc": {k: v for k, v in acc.items() if isinstance(v, (int, float))},
-            "elapsed_s": (m.get("resources") or {}).get("wall_time_s"), "eta_s": None}
+            "elapsed_s": _field(m, "resources", "wall_time_s"), "eta_s": None}
 
 
-def collect(results_dir: str | Path) -> list[dict]:
+def _field(doc: Any, *keys: str) -> Any:
+    """doc[k1][k2]..., None where a level is missing or not a mapping (a damaged file never raises)."""
+    for k in keys:
+        doc = doc.get(k) if isinstance(doc, dict) else None
+    return doc
+
+
+def _is_status(s: Any) -> bool:
+    """A status file as CellProgress writes it, as far as the readers rely on its fields' types."""
+    return (isinstance(s, dict) and s.get("schema") == STATUS_SCHEMA and isinstance(s.get("cell"), dict)
+            and isinstance(s.get("state"), str) and isinstance(s.get("acc") or {}, dict))
+
+
+def collect(results_dir: str | Path, problems: list[str] | None = None) -> list[dict]:
     """One row per cell of results/<experiment>: state (running, finishing, done, failed, stopped,
     pending), round, rounds, accuracies, elapsed and eta. The cells are the run's plan (written when
     the workflow starts), the status files (tuning trials too) and the finished metrics.json files; a
     metrics.json at least as new as the status file decides done/failed, and a running cell whose
-    process is gone (same host) is stopped."""
+    process is gone (same host) is stopped. A file that cannot be read (not a regular file, too
+    large, not JSON) is skipped, with a line naming it in `problems`."""
     root = Path(results_dir)
     rows: dict[str, dict] = {}
-    plan = _read(root / "status" / PLAN_FILE) or {}
-    for c in plan.get("cells") or []:
+    plan = _read(root / "status" / PLAN_FILE, PLAN_MAX_BYTES, problems) or {}
+    for c in (plan.get("cells") if isinstance(plan.get("cells"), list) else []):
+        if not isinstance(c, dict):
+            continue
         rows[cell_name(c)] = {"cell": cell_name(c), "state": "pending", "round": None, "rounds": c.get("rounds"),
                               "acc": {}, "elapsed_s": None, "eta_s": None}
     for metrics in sorted((root / "runs").glob("*/*/*/seed*/metrics.json")):
         key = "/".join(metrics.parent.relative_to(root / "runs").parts)
-        rows[key] = _finished(key, metrics, (rows.get(key) or {}).get("rounds")) or rows.get(key)
+        rows[key] = _finished(key, metrics, (rows.get(key) or {}).get("rounds"), problems) or rows.get(key)
     for path in sorted((root / "status").rglob("seed*.json")):
-        s = _read(path)
-        if not s or s.get("schema") != STATUS_SCHEMA:
+        s = _read(path, problems=problems)
+        if not _is_status(s):
             continue
-        cell = s.get("cell") or {}
+        cell = s["cell"]
         key = cell_name(cell)
         metrics = root / ("tuning/runs" if cell.get("trial") else "runs") / key / "metrics.json"
-        if metrics.exists() and metrics.stat().st_mtime >= path.stat().st_mtime:
-            rows[key] = _finished(key, metrics, s.get("rounds")) or rows.get(key)
+        try:  # (the key comes from the file: a NUL byte in it is a ValueError)
+            newer = metrics.exists() and metrics.stat().st_mtime >= path.stat().st_mtime
+        except (OSError, ValueError):
+            newer = False
+        if newer:
+            rows[key] = _finished(key, metrics, s.get("rounds"), problems) or rows.get(key)
             continue
         row = {"cell": key, **{k: s.get(k) for k in ("state", "round", "rounds", "acc", "elapsed_s", "eta_s")}}
         if row["state"] in ("running", "finishing") and _alive(s.get("pid"), s.get("host")) is False:
@@ -227,10 +271,11 @@ def collect(results_dir: str | Path) -> list[dict]:
     return sorted((r for r in rows.values() if r), key=lambda r: (order.get(r["state"], 5), r["cell"]))
 
 
-def render(rows: list[dict], results_dir: str | Path) -> str:
-    """A compact text table: a count per state, then one line per cell."""
+def render(rows: list[dict], results_dir: str | Path, problems: list[str] | None = None) -> str:
+    """A compact text table: a count per state, then one line per cell; then a line per file skipped."""
+    skipped = [f"skipped: {p}" for p in dict.fromkeys(problems or [])]
     if not rows:
-        return f"{results_dir}: no cells yet (no status files, plan or metrics.json under it)"
+        return "\n".join([f"{results_dir}: no cells yet (no status files, plan or metrics.json under it)", *skipped])
     counts: dict[str, int] = {}
     for r in rows:
         counts[r["state"]] = counts.get(r["state"], 0) + 1
@@ -245,7 +290,7 @@ def render(rows: list[dict], results_dir: str | Path) -> str:
     widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
     lines = ["  ".join(v.ljust(w) if i < 2 else v.rjust(w) for i, (v, w) in enumerate(zip(row, widths))).rstrip()
              for row in table]
-    return "\n".join([head, "", *lines])
+    return "\n".join([head, "", *lines, *([""] + skipped if skipped else [])])
 
 
 def write_plan(results_dir: str | Path, cells: list[dict]) -> None:

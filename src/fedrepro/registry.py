@@ -40,10 +40,26 @@ def show(value: Any) -> str:
 ALLOW_LARGE_ENV = "FEDREPRO_ALLOW_LARGE_BUDGETS"
 #: A number parameter without a declared maximum may not exceed this (unless lifted).
 SANITY_MAX = 1_000_000
+#: ... nor this, lifted or not: torch computes in float32 (3.4e38 at most) and a method multiplies a
+#: few such numbers (1e308 as an lr is an overflow traceback in the job, not a diverged cell).
+HARD_NUMBER_MAX = 1e12
+#: Cells (final and tuning) one experiment may expand to even with the budgets lifted: the sweep
+#: product is checked against it before anything is built, so no config can exhaust memory.
+HARD_CELLS_MAX = 1_000_000
 
 
 def large_budgets_allowed() -> bool:
     return os.environ.get(ALLOW_LARGE_ENV, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def cells_over(cells: int, budget: int) -> str | None:
+    """None if an experiment may expand to `cells` cells, else what is allowed: the `budget` (unless
+    lifted) or, lifted or not, HARD_CELLS_MAX."""
+    if cells > budget and not large_budgets_allowed():
+        return f"at most {budget:,} cells {lift_hint()}"
+    if cells > HARD_CELLS_MAX:
+        return f"at most {HARD_CELLS_MAX:,} cells even with the budgets lifted"
+    return None
 
 
 def lift_hint() -> str:
@@ -90,6 +106,9 @@ class Param:
             if self.maximum is None and abs(value) > SANITY_MAX and not large_budgets_allowed():
                 raise ConfigError(f"{where}: key '{key}' has value {show(value)}; allowed: at most {SANITY_MAX:,} in "
                                   f"magnitude {lift_hint()}")
+            if self.maximum is None and abs(value) > HARD_NUMBER_MAX:
+                raise ConfigError(f"{where}: key '{key}' has value {show(value)}; allowed: at most {HARD_NUMBER_MAX:g} in "
+                                  f"magnitude (torch computes in float32; not lifted by {ALLOW_LARGE_ENV})")
         if isinstance(value, (list, tuple)):
             if self.max_items is not None and len(value) > self.max_items:
                 raise ConfigError(f"{where}: key '{key}' has value {show(value)} ({len(value)} items); allowed: at most "

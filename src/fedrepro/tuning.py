@@ -94,21 +94,41 @@ def _check_space(where: str, space: Any, declared: dict[str, Param]) -> dict[str
                 continue  # the parameter's "derive it" default (e.g. FedBABU's finetune_lr)
             if v is None:
                 raise ConfigError(f"config key '{where}.{key}[{i}]' has value None; allowed: a value of the parameter's type")
-            param.check(f"config key '{where}'", f"{key}[{i}]", v)
+            param.check(f"config key '{where}'", f"{key}[{i}]", v)  # lr too: registry.HARD_NUMBER_MAX, never lifted
         if len({repr(v) for v in values}) != len(values):
             raise ConfigError(f"config key '{where}.{key}' has value {show(values)}; allowed: no duplicates")
         out[key] = list(values)
     return out
 
 
+def grid_size(space: dict[str, list]) -> int:
+    """The number of points of the grid of `space`: the product of its lists' lengths."""
+    return math.prod(len(values) for values in space.values())
+
+
+def trial_count(space: dict[str, list], search: str, samples: int | None) -> int:
+    """How many trials `trial_points` makes, known before one is built."""
+    size = grid_size(space)
+    return min(samples, size) if search == "random" else size
+
+
 def trial_points(space: dict[str, list], search: str, samples: int | None, sample_seed: int) -> list[dict[str, Any]]:
-    """The grid's points in a fixed order (parameters sorted), or a seeded sample of N of them."""
+    """The grid's points in a fixed order (parameters sorted), or a seeded sample of N of them
+    (drawn as indices into the grid, so a sample of a huge grid never builds the grid)."""
     keys = sorted(space)
-    grid = [dict(zip(keys, combo)) for combo in itertools.product(*(space[k] for k in keys))]
-    if search == "random" and samples < len(grid):
+    size = grid_size(space)
+    if search == "random" and samples < size:
         rng = np.random.default_rng(sample_seed)
-        grid = [grid[i] for i in sorted(rng.choice(len(grid), size=samples, replace=False).tolist())]
-    return grid
+
+        def point(i: int) -> dict[str, Any]:  # the i-th point of itertools.product: the last key varies fastest
+            values = {}
+            for k in reversed(keys):
+                i, r = divmod(i, len(space[k]))
+                values[k] = space[k][r]
+            return {k: values[k] for k in keys}
+
+        return [point(i) for i in sorted(rng.choice(size, size=samples, replace=False).tolist())]
+    return [dict(zip(keys, combo)) for combo in itertools.product(*(space[k] for k in keys))]
 
 
 def trial_id(values: dict[str, Any]) -> str:
@@ -141,15 +161,31 @@ def resolve_tuning(config: dict, methods: dict[str, tuple[str, dict, Any]], decl
     tuning_seeds = t["seeds"] if t["seeds"] is not None else seeds[:1]
     lr_grid = t["lr"] if t["lr"] is not None else default_spaces()["lr"]["values"]
     _check_space("tuning", {"lr": lr_grid}, {})  # the shared grid: numbers > 0, non-empty
-    labels = {}
+    from .config import BUDGETS  # (config imports this module)
+    from .registry import cells_over
+
+    labels, trials_so_far = {}, 0
     for label, (method, *_) in methods.items():
         if label in t["methods"]:
-            space = _check_space(f"tuning.methods.{label}", t["methods"][label] or {}, declared[method])
+            where = f"tuning.methods.{label}"
+            space = _check_space(where, t["methods"][label] or {}, declared[method])
         else:
+            where = "tuning.lr" if t["lr"] is not None else "tuning"
             space = _check_space(f"search_spaces.yaml:{method}", {"lr": lr_grid, **method_space(method)["params"]},
                                  declared[method])
         if not space:
             continue  # nothing to tune: the final cells run straight away
+        # the number of trials from the lists' lengths, before the grid is built (each trial is a cell per tuning seed)
+        count = trial_count(space, t["search"], t["samples"])
+        cells = (trials_so_far + count) * max(1, len(tuning_seeds))
+        allowed = cells_over(cells, BUDGETS["cells"])
+        if allowed:
+            sizes = " x ".join(f"{k}: {len(v)}" for k, v in space.items())
+            raise ConfigError(f"config key '{where}' makes {count:,} trials for method label '{label}' ({sizes} values"
+                              f"{', search: random' if t['search'] == 'random' else ''}); with the other labels' trials and "
+                              f"{max(1, len(tuning_seeds))} tuning seed(s) that is {cells:,} tuning cells or more; allowed: "
+                              f"{allowed} (or tuning.search: random with fewer samples)")
+        trials_so_far += count
         trials = [{"id": trial_id(v), "values": v} for v in trial_points(space, t["search"], t["samples"], t["sample_seed"])]
         labels[label] = {"method": method, "space": space, "trials": trials}
     return {"val_fraction": t["val_fraction"], "seeds": tuning_seeds, "training": t["training"], "metric": t["metric"],
@@ -181,11 +217,13 @@ def trial_score(metrics: dict, metric: dict) -> float:
         return math.nan
     summary = metrics.get("summary_val")
     if not summary:
-        raise ValueError(f"metrics of {metrics['cell']} have no validation scores (summary_val): not a tuning run")
+        raise ConfigError(f"metrics of {show(metrics['cell'])} have no validation scores (summary_val); allowed: the "
+                          f"metrics.json of a tuning trial (results/<experiment>/tuning/...)")
     kind = metric_kind(metric["model"], summary)
     key = f"{kind}_acc"
     if key not in summary:
-        raise ValueError(f"tuning metric model {metric['model']!r}: the run of {metrics['cell']['method']} has no {kind} model")
+        raise ConfigError(f"tuning metric model {metric['model']!r}: the run of {show(metrics['cell']['method'])} has no "
+                          f"{kind} model; allowed: 'auto' or the model the method has")
     v = summary[key][metric["stat"]]
     return math.nan if v is None else float(v)
 
@@ -210,7 +248,8 @@ def select_winner(plan: dict, runs: list[dict], metric: dict) -> dict[str, Any]:
         if score is not None and (best is None or score > best["score"]):
             best = trials[-1]
     if best is None:
-        raise ValueError(f"every tuning trial of {plan.get('label')} failed (diverged); nothing to select")
+        raise ConfigError(f"every tuning trial of {show(plan.get('label'))} failed (diverged); nothing to select: "
+                          f"allowed: a search space with at least one trial that trains (lower the learning rates)")
     kinds = {metric_kind(metric["model"], r["metrics"]["summary_val"]) for r in runs if r["metrics"].get("status") == "ok"}
     return {"schema": "fedrepro.tuning/1", "metric": {**metric, "model_used": sorted(kinds), "split": "val"},
             "params": sorted(plan["space"]), "space": plan["space"], "trials": trials,

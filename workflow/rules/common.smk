@@ -36,11 +36,10 @@ if workflow.is_main_process:
     for line in untrained_warnings(EXP):
         print(f"fedrepro: warning: {line}", file=sys.stderr)
 
-# Plugins of the config's `plugins:` key reach every job (local or SLURM) the way the status
-# folder does: through the environment the jobs inherit, never through a rule's code.
-from fedrepro.plugins import PLUGINS_ENV, env_with
-
-os.environ[PLUGINS_ENV] = env_with(EXPERIMENT_CONFIG.get("plugins") or [])
+# Plugins: the config's `plugins:` key only names installed plugins it requires, and imports nothing
+# (fedrepro.plugins.require, above). Modules named by the operator's FEDREPRO_PLUGINS reach every
+# job (local or SLURM) through the environment the jobs inherit, looked up on PYTHONPATH and the
+# installed packages only, never in the workflow folder Snakemake puts on sys.path.
 
 NAME = EXP["experiment"]
 OUT = f"results/{NAME}"

@@ -27,9 +27,12 @@ rule pretrain_backbone:
 rule train:
     input:
         unpack(cell_inputs),
+    # update(): Snakemake does not delete a finished cell's results before a forced or triggered
+    # retrain (it backs them up and puts them back if the job fails); `fedrepro train` replaces
+    # them only on success, so a failed retrain never loses the earlier result.
     output:
-        metrics=f"{OUT}/runs/{{dataset}}/{{partition}}/{{label}}/seed{{seed}}/metrics.json",
-        provenance=f"{OUT}/runs/{{dataset}}/{{partition}}/{{label}}/seed{{seed}}/provenance.json",
+        metrics=update(f"{OUT}/runs/{{dataset}}/{{partition}}/{{label}}/seed{{seed}}/metrics.json"),
+        provenance=update(f"{OUT}/runs/{{dataset}}/{{partition}}/{{label}}/seed{{seed}}/provenance.json"),
     conda:
         "../envs/fedrepro.yaml"
     log:

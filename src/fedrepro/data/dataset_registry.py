@@ -32,6 +32,10 @@ class DatasetSpec:
     params: dict[str, Param]
     prepare: Callable[[Path, dict], None]  # make raw files present under root; idempotent
     load: Callable[[Path, dict], RawDataset]  # raw files under root -> RawDataset; offline
+    #: Per-class sample counts (official train, official test), in label order, where the files are fixed
+    #: and no parameter changes them; None where unknown. `fedrepro validate` decides partition feasibility
+    #: from them before any job (fedrepro.data.datasets.class_counts), or from the counts `prepare` caches.
+    class_counts: tuple[tuple[int, ...], tuple[int, ...]] | None = None
 
 
 DATASETS: Registry[DatasetSpec] = Registry[DatasetSpec]("dataset", plugin_group="fedrepro.datasets")

@@ -18,6 +18,7 @@ Registered datasets: `fmnist` (Fashion-MNIST), `digits` (scikit-learn's bundled
 from __future__ import annotations
 
 import gzip
+import json
 import os
 import shutil
 import struct
@@ -29,15 +30,17 @@ import numpy as np
 from fedrepro.data.base import DataMissingError, RawDataset
 # The registry lives apart from its entries (no import circle); its names stay importable from here.
 from fedrepro.data.dataset_registry import DATASETS, DatasetSpec, _register, _resolve, load_dataset, register_dataset  # noqa: F401
-from fedrepro.io import atomic_path
-from fedrepro.registry import Param
+from fedrepro.io import atomic_path, read_json, short_hash, write_json_atomic
+from fedrepro.registry import ConfigError, Param, show
 
 
 def prepare_dataset(name: str, root: Path, params: dict | None = None) -> dict[str, Any]:
     """Make dataset `name` present under `root`, load it once and describe it.
 
     Returns {dataset, params, fingerprint, num_samples, num_classes, sample_shape,
-    source, downloads}; writes nothing but the raw files the dataset's `prepare` puts there.
+    source, downloads}; writes the raw files the dataset's `prepare` puts there and, beside
+    them, their class counts (`class_counts_path`), from which `fedrepro validate` decides
+    partition feasibility before any job (nothing for data shipped with a package or generated).
     `downloads` lists every file fetched in this call with its sha256 and whether it matched a
     pinned checksum (fedrepro.data.downloads).
     """
@@ -50,6 +53,8 @@ def prepare_dataset(name: str, root: Path, params: dict | None = None) -> dict[s
     with recording() as downloads:
         spec.prepare(root, resolved)
     raw = spec.load(root, resolved)
+    if spec.prepare is not _prepare_nothing:  # data of a package or generated: nothing is written for it
+        write_class_counts(root, name, resolved, raw)
     return {
         "downloads": downloads,
         "dataset": name,
@@ -76,6 +81,62 @@ _EMNIST_SIZES = {"byclass": (697_932, 814_255), "bymerge": (697_932, 814_255), "
 _PACS_SIZES = {"photo": 1_670, "art_painting": 2_048, "cartoon": 2_344, "sketch": 3_929}
 _DOMAINNET_SIZES = {"clipart": (33_525, 14_604), "infograph": (36_023, 15_582), "painting": (50_426, 21_855),
                     "quickdraw": (120_750, 51_750), "real": (120_906, 52_041), "sketch": (48_212, 20_916)}
+
+
+#: Where the workflow keeps each dataset's raw files (workflow/rules/data.smk: results/raw/<dataset>),
+#: relative to the working directory: `class_counts` looks there for the counts `prepare` cached.
+RAW_ROOT = Path("results") / "raw"
+CLASS_COUNTS_MAX_BYTES = 1 << 20  # a few numbers per class
+
+
+def class_counts_path(root: Path, params: dict[str, Any]) -> Path:
+    """The class counts cache of a dataset's raw files under `root` with resolved `params`: one per
+    parameter set, named by the prepared id (the raw marker's dataset-<id>.json beside it)."""
+    return Path(root) / f"class_counts-{short_hash(params, 8)}.json"
+
+
+def write_class_counts(root: Path, name: str, params: dict[str, Any], raw: RawDataset) -> None:
+    """Cache the per-class counts of the loaded raw data beside it: of all rows ("all", what a pooled
+    partition splits) and of the official train rows ("train", pool: false), in label order."""
+    y = np.asarray(raw.y, np.int64)
+    width = max(int(raw.num_classes), int(y.max()) + 1 if len(y) else 0)
+    write_json_atomic(class_counts_path(root, params), {
+        "dataset": name, "params": params, "fingerprint": raw.fingerprint(),
+        "all": np.bincount(y, minlength=width).tolist(),
+        "train": np.bincount(y[np.asarray(raw.official_split) == 0], minlength=width).tolist(),
+    })
+
+
+def class_counts(name: str, params: dict[str, Any], pool: bool, root: Path | None = None) -> tuple[np.ndarray, str] | None:
+    """(counts, source): the per-class sample counts, in label order, of the rows a partition of dataset
+    `name` with resolved `params` splits (all rows with `pool`, else the official train rows), and where
+    they come from: the cache `prepare` wrote beside the raw files under `root` (default
+    RAW_ROOT/<name>, the workflow's), else what the registry declares; None where neither knows them."""
+    path = class_counts_path(Path(root) if root is not None else RAW_ROOT / name, params)
+    redo = "delete it (`fedrepro prepare` writes it again)"
+    try:
+        doc = read_json(path, CLASS_COUNTS_MAX_BYTES)
+    except (FileNotFoundError, NotADirectoryError):
+        doc = None
+    except (OSError, json.JSONDecodeError) as exc:  # a FIFO, device, huge, deep or damaged file: never read past the bound
+        why = str(exc).removeprefix(f"{path}: ")
+        raise ConfigError(f"{path}: {why} (where `fedrepro prepare` caches the class counts of {name}); {redo}") from None
+    if doc is not None:
+        key = "all" if pool else "train"
+        counts = doc.get(key) if isinstance(doc, dict) else None
+        owner = (doc.get("dataset"), doc.get("params")) if isinstance(doc, dict) else (None, None)
+        if owner != (name, json.loads(json.dumps(params))):
+            raise ConfigError(f"{path}: the class counts of dataset {show(owner[0])} with params {show(owner[1])}; allowed: "
+                              f"those of {name!r} with params {show(params)}, which `fedrepro prepare` caches there; {redo}")
+        if not (isinstance(counts, list) and counts and all(type(c) is int and c >= 0 for c in counts)):
+            raise ConfigError(f"{path}: key {key!r} has value {show(counts)}; allowed: a list of class counts (integers >= 0), "
+                              f"as `fedrepro prepare` caches them; {redo}")
+        return np.asarray(counts, np.int64), str(path)
+    declared = DATASETS.get(name).class_counts
+    if declared is None:
+        return None
+    train, test = (np.asarray(c, np.int64) for c in declared)
+    return (train + test if pool else train), f"the class counts the registry declares for {name}"
 
 
 def sample_bounds(name: str, params: dict[str, Any]) -> tuple[int, int] | None:
@@ -285,6 +346,7 @@ _register(
         params={},
         prepare=_prepare_fmnist,
         load=_load_fmnist,
+        class_counts=((6_000,) * 10, (1_000,) * 10),  # counted in Debian's dataset-fashion-mnist files
     )
 )
 
@@ -332,6 +394,7 @@ _register(
         params={},
         prepare=_prepare_nothing,
         load=_load_digits,
+        class_counts=((178, 182, 177, 183, 181, 182, 181, 179, 174, 180), (0,) * 10),  # np.bincount(load_digits().target)
     )
 )
 

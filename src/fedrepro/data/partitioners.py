@@ -16,28 +16,36 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..registry import ConfigError, Param, Registry
+from ..registry import ConfigError, Param, Registry, show
 
 PARTITIONERS: Registry = Registry("partitioner", plugin_group="fedrepro.partitioners")
 
 
+class Infeasible(ConfigError):
+    """A partition the data cannot give. `key` is the spec's key ('num_clients' or 'params.<name>'),
+    so that `fedrepro validate`, which decides the same from class counts (`infeasibility`), names
+    the config key of the same refusal."""
+
+    def __init__(self, key: str, value, allowed: str):
+        self.key, self.value, self.allowed = key, value, allowed
+        super().__init__(f"partition: key '{key.removeprefix('params.')}' has value {show(value)}; allowed: {allowed}")
+
+
 def _check_clients(labels: np.ndarray, num_clients: int) -> None:
     if num_clients > len(labels):
-        raise ConfigError(f"partition: key 'num_clients' has value {num_clients}; allowed: at most the {len(labels)} samples of the dataset")
+        raise Infeasible("num_clients", num_clients, f"at most the {len(labels)} samples of the dataset")
 
 
 def _check_min_partition_size(n: int, num_clients: int, min_partition_size: int) -> None:
     """Refuse a minimum client size that the n samples cannot give every client."""
     if min_partition_size * num_clients > n:
-        raise ConfigError(
-            f"partition: key 'min_partition_size' has value {min_partition_size}; allowed: at most "
-            f"{n // num_clients} for {n} samples over {num_clients} clients"
-        )
+        raise Infeasible("params.min_partition_size", min_partition_size,
+                         f"at most {n // num_clients} for {n} samples over {num_clients} clients")
 
 
 def _check_classes_per_partition(s: int, c: int) -> None:
     if s > c:
-        raise ConfigError(f"partition: key 'num_classes_per_partition' has value {s}; allowed: at most the {c} classes of the dataset")
+        raise Infeasible("params.num_classes_per_partition", s, f"at most the {c} classes of the dataset")
 
 
 def _cyclic_classes(num_clients: int, classes: np.ndarray, s: int, order: np.ndarray) -> list[list[int]]:
@@ -96,23 +104,64 @@ def dirichlet_partition(
     n = len(labels)
     classes = np.unique(labels)
     _check_min_partition_size(n, num_clients, min_partition_size)
+    best = 0  # the largest smallest client of the draws so far: the largest min_partition_size they meet
     for _ in range(max_retries):
         idx_batch: list[list[int]] = [[] for _ in range(num_clients)]
         for k in classes:
             idx_k = np.where(labels == k)[0]
-            rng.shuffle(idx_k)
-            proportions = rng.dirichlet(np.repeat(alpha, num_clients))
-            if self_balancing:
-                proportions = np.array([p * (len(idx_j) < n / num_clients) for p, idx_j in zip(proportions, idx_batch)])
-            proportions = proportions / proportions.sum()
-            cuts = (np.cumsum(proportions) * len(idx_k)).astype(int)[:-1]
+            sizes = np.fromiter(map(len, idx_batch), np.int64, num_clients)
+            cuts = _dirichlet_cuts(idx_k, sizes, rng, alpha, self_balancing, n)
             idx_batch = [idx_j + idx.tolist() for idx_j, idx in zip(idx_batch, np.split(idx_k, cuts))]
-        if min(len(b) for b in idx_batch) >= min_partition_size:
+        smallest = min(len(b) for b in idx_batch)
+        if smallest >= min_partition_size:
             return [np.asarray(b, dtype=np.int64) for b in idx_batch]
-    raise ConfigError(
-        f"partition: dirichlet with alpha={alpha} found no split with every client >= min_partition_size="
-        f"{min_partition_size} in {max_retries} draws; allowed: a smaller min_partition_size or larger alpha"
-    )
+        best = max(best, smallest)
+    raise _no_dirichlet_draw(alpha, min_partition_size, max_retries, best)
+
+
+def _no_dirichlet_draw(alpha: float, min_partition_size: int, max_retries: int, best: int) -> Infeasible:
+    return Infeasible("params.min_partition_size", min_partition_size,
+                      f"at most {best}, the largest smallest client of the {max_retries} draws (max_retries) of Dir(alpha={alpha}) "
+                      "this seed makes; or a larger alpha or max_retries")
+
+
+def _dirichlet_cuts(idx_k: np.ndarray, sizes: np.ndarray, rng: np.random.RandomState, alpha: float, self_balancing: bool,
+                    n: int) -> np.ndarray:
+    """One class of one draw, in PFLlib's call order: shuffle the class's indices in place, draw the
+    proportions over the clients (with self_balancing none for a client already holding n/num_clients),
+    return np.split's cut points. Of the data it reads only the class's size and the clients' sizes
+    so far, so `dirichlet_draws` replays the draws from class counts alone."""
+    num_clients = len(sizes)
+    rng.shuffle(idx_k)  # RandomState.shuffle draws the same numbers for any 1-d array of this length
+    proportions = rng.dirichlet(np.repeat(alpha, num_clients))
+    if self_balancing:
+        proportions = proportions * (sizes < n / num_clients)
+    proportions = proportions / proportions.sum()
+    return (np.cumsum(proportions) * len(idx_k)).astype(int)[:-1]
+
+
+def _split_lengths(length: int, cuts: np.ndarray) -> np.ndarray:
+    """The lengths of np.split(x, cuts)'s pieces for len(x) == length: slice semantics, so also for
+    the cut points a degenerate (NaN) Dirichlet draw casts to large negative integers."""
+    bounds = np.concatenate(([0], np.asarray(cuts, np.int64), [length]))
+    bounds = np.where(bounds < 0, np.maximum(bounds + length, 0), np.minimum(bounds, length))
+    return np.maximum(np.diff(bounds), 0)
+
+
+def dirichlet_draws(counts: np.ndarray, num_clients: int, seed: int, alpha: float, self_balancing: bool):
+    """The smallest client size of each successive draw `dirichlet_partition` (sampler 'split') makes on
+    labels with these class counts (classes in label order, none empty) from RandomState(seed), as the
+    partition step seeds it: the same random numbers, consumed in the same order, without the indices."""
+    counts = np.asarray(counts, np.int64)
+    n = int(counts.sum())
+    rng = np.random.RandomState(seed)
+    scratch = np.empty(int(counts.max()), np.int64)
+    with np.errstate(divide="ignore", invalid="ignore"):  # a degenerate draw warns in the partition step, not here
+        while True:
+            sizes = np.zeros(num_clients, np.int64)
+            for c in counts.tolist():
+                sizes = sizes + _split_lengths(c, _dirichlet_cuts(scratch[:c], sizes, rng, alpha, self_balancing, n))
+            yield int(sizes.min())
 
 
 @PARTITIONERS.register(
@@ -268,12 +317,29 @@ def long_tail_class_sizes(counts: np.ndarray, imbalance_factor: float) -> np.nda
     n_head = int(np.floor(np.min(counts / decay) + 1e-9))
     sizes = np.minimum(counts, np.round(n_head * decay).astype(np.int64))
     if sizes.min() < 1:
-        raise ConfigError(
-            f"partition: key 'imbalance_factor' has value {imbalance_factor}; allowed: a smaller factor, below about "
-            f"{2 * n_head} for this dataset (the head class holds {n_head} samples, so the tail class would get "
-            f"round({n_head} / {imbalance_factor}) = 0)"
-        )
+        raise Infeasible("params.imbalance_factor", imbalance_factor,
+                         f"a smaller factor, below about {2 * n_head} for this dataset (the head class holds {n_head} samples, "
+                         f"so the tail class would get round({n_head} / {imbalance_factor}) = 0)")
     return sizes
+
+
+def long_tail_client_sizes(counts: np.ndarray, num_clients: int, imbalance_factor: float, client_imbalance_factor: float,
+                           min_partition_size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(class sizes, client sizes, client weights) of `long_tail_partition` from the class counts alone
+    (no random draw decides them); an `Infeasible` where they leave a client short."""
+    sizes_c = long_tail_class_sizes(counts, imbalance_factor)
+    total = int(sizes_c.sum())
+    if num_clients > total:
+        raise Infeasible("num_clients", num_clients,
+                         f"at most the {total} samples left after the long-tail subsampling (imbalance_factor={imbalance_factor})")
+    k_exp = np.arange(num_clients) / (num_clients - 1) if num_clients > 1 else np.zeros(1)
+    client_w = float(client_imbalance_factor) ** (-k_exp)
+    sizes_k = _apportion(total, client_w)
+    if sizes_k.min() < min_partition_size:
+        raise Infeasible("params.client_imbalance_factor", client_imbalance_factor,
+                         f"a smaller factor or fewer clients (the smallest client would get {sizes_k.min()} < "
+                         f"min_partition_size={min_partition_size} of {total} samples)")
+    return sizes_c, sizes_k, client_w
 
 
 def _ipf(target: np.ndarray, rows: np.ndarray, cols: np.ndarray, iters: int = 10000, tol: float = 1e-10) -> np.ndarray:
@@ -359,23 +425,13 @@ def long_tail_partition(
     _check_clients(labels, num_clients)
     classes, counts = np.unique(labels, return_counts=True)
     c = len(classes)
-    sizes_c = long_tail_class_sizes(counts, imbalance_factor)
+    sizes_c, sizes_k, client_w = long_tail_client_sizes(counts, num_clients, imbalance_factor, client_imbalance_factor,
+                                                        min_partition_size)
     kept = []
     for k, s in zip(classes, sizes_c):
         idx_k = np.where(labels == k)[0]
         kept.append(idx_k[rng.permutation(len(idx_k))[:s]])
     total = int(sizes_c.sum())
-    if num_clients > total:
-        raise ConfigError(f"partition: key 'num_clients' has value {num_clients}; allowed: at most the {total} samples "
-                          f"left after the long-tail subsampling (imbalance_factor={imbalance_factor})")
-    k_exp = np.arange(num_clients) / (num_clients - 1) if num_clients > 1 else np.zeros(1)
-    client_w = float(client_imbalance_factor) ** (-k_exp)
-    sizes_k = _apportion(total, client_w)
-    if sizes_k.min() < min_partition_size:
-        raise ConfigError(
-            f"partition: key 'client_imbalance_factor' has value {client_imbalance_factor}; allowed: a smaller factor or fewer "
-            f"clients (the smallest client would get {sizes_k.min()} < min_partition_size={min_partition_size} of {total} samples)"
-        )
     local_w = float(local_imbalance_factor) ** (-(np.arange(c) / (c - 1) if c > 1 else np.zeros(1)))
     p = np.empty((num_clients, c))
     for i in range(num_clients):
@@ -528,6 +584,42 @@ def natural_id_partition(
 # ----------------------------------------------------------------------- label quantity (Calibre's Q-non-iid)
 
 
+def _per_class(size: int, s: int) -> np.ndarray:
+    """A client's samples of each of its S classes: size // S each, the first size % S one more."""
+    per = np.full(s, size // s, np.int64)
+    per[: size % s] += 1
+    return per
+
+
+def label_quantity_plan(counts: np.ndarray, num_clients: int, s: int, rng: np.random.RandomState, mode: str,
+                        partition_size: int) -> tuple[np.ndarray, int]:
+    """(owned, largest): the class columns of each client (num_clients x S, columns = the classes in label
+    order) and the largest partition_size every class can supply, from the class counts alone; an
+    `Infeasible` for a partition_size (0: the largest) the counts cannot give every client."""
+    counts = np.asarray(counts, np.int64)
+    _check_classes_per_partition(s, len(counts))
+    owned = np.array(_label_quantity_classes(num_clients, np.arange(len(counts)), s, rng, mode), np.int64).reshape(num_clients, s)
+    holders = np.zeros((len(counts), s), np.int64)  # holders[c, j]: the clients holding class c as their j-th
+    np.add.at(holders, (owned, np.broadcast_to(np.arange(s), owned.shape)), 1)
+    lo, hi = 0, int(counts.sum()) // num_clients  # the largest feasible size, by bisection (demand grows with size)
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if np.all(holders @ _per_class(mid, s) <= counts) else (lo, mid - 1)
+    size = partition_size or lo
+    if size >= s and size <= lo:
+        return owned, lo
+    if lo < s:  # no size works; a client's classes do not depend on the clients after it, so fewer clients may
+        by_class = np.argsort(owned.ravel(), kind="stable")  # (client, j) slots grouped by class, clients ascending
+        starts = np.concatenate(([0], np.cumsum(holders.sum(axis=1))[:-1]))
+        short = holders.sum(axis=1) > counts  # classes with more holders than samples; the first holder too many:
+        fits = int(min(by_class[starts[c] + counts[c]] // s for c in np.flatnonzero(short)))
+        raise Infeasible("num_clients", num_clients, f"at most {fits} for {s} classes per client: with more, a class runs out of "
+                         f"samples before every client has one of each of its classes (class sizes {show(counts.tolist())}; "
+                         f"partition_size {partition_size})")
+    raise Infeasible("params.partition_size", partition_size, f"{s} to {lo} samples per client for {num_clients} clients x {s} "
+                     f"classes (class sizes {show(counts.tolist())})")
+
+
 def _label_quantity_classes(num_clients: int, classes: np.ndarray, s: int, rng: np.random.RandomState, mode: str) -> list[list[int]]:
     c = len(classes)
     if mode == "deterministic":
@@ -570,29 +662,10 @@ def label_quantity_partition(
     _check_clients(labels, num_clients)
     classes, counts = np.unique(labels, return_counts=True)
     s = num_classes_per_partition
-    _check_classes_per_partition(s, len(classes))
-    owned = _label_quantity_classes(num_clients, classes, s, rng, class_assignment)
-    col = {int(k): j for j, k in enumerate(classes)}
-
-    def demand(size: int) -> np.ndarray:
-        per = np.full(s, size // s)
-        per[: size % s] += 1
-        need = np.zeros((num_clients, len(classes)), np.int64)
-        for i, mine in enumerate(owned):
-            need[i, [col[k] for k in mine]] = per
-        return need
-
-    lo, hi = 0, len(labels) // num_clients  # the largest feasible size, by bisection (demand grows with size)
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        lo, hi = (mid, hi) if np.all(demand(mid).sum(axis=0) <= counts) else (lo, mid - 1)
+    owned, lo = label_quantity_plan(counts, num_clients, s, rng, class_assignment, partition_size)
     size = partition_size or lo
-    if size > lo or size < s:
-        raise ConfigError(
-            f"partition: key 'partition_size' has value {partition_size}; allowed: {s} to {lo} samples per client for "
-            f"{num_clients} clients x {s} classes (class sizes {counts.tolist()})"
-        )
-    need = demand(size)
+    need = np.zeros((num_clients, len(classes)), np.int64)
+    need[np.arange(num_clients)[:, None], owned] = _per_class(size, s)[None, :]
     parts: list[list[np.ndarray]] = [[] for _ in range(num_clients)]
     for j, k in enumerate(classes):
         idx_k = np.where(labels == k)[0]
@@ -615,7 +688,7 @@ def _plato_dirichlet(labels: np.ndarray, num_clients: int, rng: np.random.Random
     scheme is Plato's but the numbers are not."""
     n = len(labels)
     if partition_size > n:
-        raise ConfigError(f"partition: key 'partition_size' has value {partition_size}; allowed: at most the {n} samples of the dataset")
+        raise Infeasible("params.partition_size", partition_size, f"at most the {n} samples of the dataset")
     classes, inverse = np.unique(labels, return_inverse=True)
     out = []
     for cid in range(num_clients):
@@ -631,6 +704,55 @@ def _plato_dirichlet(labels: np.ndarray, num_clients: int, rng: np.random.Random
             )
         out.append(np.sort(rng.choice(n, size=partition_size, replace=False, p=w / w.sum())).astype(np.int64))
     return out
+
+
+#: The most work `infeasibility` spends replaying one Dirichlet partition's draws, in samples shuffled
+#: (about one second): a replay that would take longer is left to the partition step.
+DIRICHLET_REPLAY_BUDGET = 100_000_000
+
+
+def infeasibility(partitioner: str, counts, num_clients: int, seed: int, params: dict) -> None:
+    """Raise the `Infeasible` the partition step would raise for partitioner `partitioner` with the
+    resolved `params`, `num_clients` and partition `seed` on labels with these per-class `counts`
+    (in label order), where the counts alone decide it: every built-in partitioner's client count
+    and minimum size, label_quantity's sizes, long_tail's sizes, and the Dirichlet (sampler 'split')
+    draws, replayed exactly (within DIRICHLET_REPLAY_BUDGET). Returns None otherwise, also for what
+    only the samples decide (groups, Plato's weighted sampling) and for partitioners from plugins."""
+    counts = np.asarray([c for c in counts if c > 0], np.int64)  # np.unique's classes: those with samples
+    n = int(counts.sum())
+    if partitioner not in {"iid", "dirichlet", "pathological", "quantity_skew", "long_tail", "label_quantity"}:
+        return None
+    if num_clients > n:
+        raise Infeasible("num_clients", num_clients, f"at most the {n} samples of the dataset")
+    if partitioner == "dirichlet" and params["sampler"] == "plato":
+        if params["partition_size"] > n:
+            raise Infeasible("params.partition_size", params["partition_size"], f"at most the {n} samples of the dataset")
+    elif partitioner == "dirichlet":
+        m, retries = params["min_partition_size"], params["max_retries"]
+        _check_min_partition_size(n, num_clients, m)
+        if m <= 0:
+            return None
+        # a draw costs about a shuffle of every sample plus, per class, 1,500 samples' worth of calls and 20 per client
+        replayable = DIRICHLET_REPLAY_BUDGET // (n + len(counts) * (1_500 + 20 * num_clients))
+        best = 0
+        for _, smallest in zip(range(min(retries, replayable)), dirichlet_draws(counts, num_clients, seed, params["alpha"],
+                                                                                 params["self_balancing"])):
+            if smallest >= m:
+                return None
+            best = max(best, smallest)
+        if retries <= replayable:
+            raise _no_dirichlet_draw(params["alpha"], m, retries, best)
+    elif partitioner == "pathological":
+        _check_classes_per_partition(params["num_classes_per_partition"], len(counts))
+    elif partitioner == "quantity_skew":
+        _check_min_partition_size(n, num_clients, params["min_partition_size"])
+    elif partitioner == "long_tail":
+        long_tail_client_sizes(counts, num_clients, params["imbalance_factor"], params["client_imbalance_factor"],
+                               params["min_partition_size"])
+    elif partitioner == "label_quantity":
+        label_quantity_plan(counts, num_clients, params["num_classes_per_partition"], np.random.RandomState(seed),
+                            params["class_assignment"], params["partition_size"])
+    return None
 
 
 def split_client(

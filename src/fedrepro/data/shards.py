@@ -41,8 +41,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from .. import __version__
-from ..io import (FileTooLarge, NotRegularFile, canonical_json, clean_stale, derive_seed, fsync_dir, read_regular, replace_dir,
-                  sha256_file, short_hash, staging_dir, write_json_atomic)
+from ..io import (FileTooLarge, NotRegularFile, canonical_json, clean_stale, derive_seed, fsync_dir, load_json, read_regular,
+                  replace_dir, sha256_file, short_hash, staging_dir, write_json_atomic)
 from ..registry import ConfigError, resolve_params, show
 from .base import RawDataset
 from .partitioners import PARTITIONERS, split_client
@@ -384,7 +384,7 @@ def read_manifest(part_dir: str | os.PathLike) -> dict[str, Any]:
     if os.path.islink(path):
         raise _integrity(path, "a symbolic link; the manifest must be a regular file of the partition folder")
     try:
-        manifest = json.loads(_read_regular(path, MAX_MANIFEST_BYTES))
+        manifest = load_json(_read_regular(path, MAX_MANIFEST_BYTES))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise _integrity(path, f"not valid JSON ({exc}); {REPARTITION}") from None
     if not isinstance(manifest, dict):

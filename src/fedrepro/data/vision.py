@@ -101,6 +101,7 @@ class TorchvisionSource:
     postprocess: Callable[[np.ndarray, np.ndarray, Params], tuple[np.ndarray, np.ndarray]] | None = None
     check_file: Callable[[Path], None] | None = None  # extra validation of a present file (offline, cheap)
     unlabeled: Callable[[Path, Params], np.ndarray | None] | None = None  # images without labels (RawDataset.unlabeled)
+    class_counts: tuple[tuple[int, ...], tuple[int, ...]] | None = None  # DatasetSpec.class_counts: as published
 
     @property
     def source(self) -> str:
@@ -306,6 +307,7 @@ def torchvision_spec(src: TorchvisionSource) -> DatasetSpec:
         params=src.params,
         prepare=lambda root, params: prepare_torchvision(src, root, params),
         load=lambda root, params: load_torchvision(src, root, params),
+        class_counts=src.class_counts,
     )
 
 
@@ -374,6 +376,9 @@ register(
         # pytorch/examples mnist/main.py: transforms.Normalize((0.1307,), (0.3081,)).
         stats=_const(((0.1307,), (0.3081,))),
         check_file=check_idx_file,
+        # the label files' per-digit counts (train + test: 6,903, 7,877, 6,990, 7,141, 6,824, 6,313, 6,876, 7,293, 6,825, 6,958)
+        class_counts=((5923, 6742, 5958, 6131, 5842, 5421, 5918, 6265, 5851, 5949),
+                      (980, 1135, 1032, 1010, 982, 892, 958, 1028, 974, 1009)),
     )
 )
 
@@ -473,6 +478,7 @@ register(
         # e.g. khakhlyuk/fixedconv utils/data_stats.py "real" values; the often copied std (0.2023, 0.1994, 0.2010)
         # of kuangliu/pytorch-cifar is not the pixel std).
         stats=_const(((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616))),
+        class_counts=((5_000,) * 10, (1_000,) * 10),  # "exactly 5,000 / 1,000 images per class"
     )
 )
 
@@ -500,6 +506,7 @@ register(
         # Per-channel mean and population std of the 50,000 training images, rounded: weiaicunzai/pytorch-cifar100
         # conf/global_settings.py CIFAR100_TRAIN_MEAN = (0.50708, 0.48655, 0.44092), _STD = (0.26733, 0.25644, 0.27615).
         stats=_const(((0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762))),
+        class_counts=((500,) * 100, (100,) * 100),  # "500 training and 100 testing images per class"
     )
 )
 

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from fedrepro.report.tables import DEFAULT_TABLES, caption, client_notes, identical_note, max_seeds, pivot_table
+from fedrepro.report.tables import (DEFAULT_TABLES, caption, client_notes, identical_note, max_seeds, pivot_table,
+                                    read_summary)
 
 MAIN_TABLE = "accuracy"
 MAX_EMBEDDED_PLOTS = 6  # more panels: the first ones inline, all of them under "Learning curves"
@@ -107,7 +108,7 @@ def console_summary(summary_csv: str | Path) -> str:
     path = Path(summary_csv)
     if not path.exists():
         return ""
-    frame = pd.read_csv(path)
+    frame = read_summary(path)  # bounded, one-line errors (docs/security.md)
     if frame.empty:
         return ""
     cap, table, notes = main_table(frame)

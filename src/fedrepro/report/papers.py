@@ -39,6 +39,9 @@ import yaml
 
 from fedrepro.registry import ConfigError
 
+#: The largest published paper file read (the shipped ones are a few KB).
+PUBLISHED_MAX_BYTES = 4 << 20
+
 DIMS = ("method", "dataset", "setting", "metric")
 BOLD_RULES = ("best", "rank", "none")
 PM_KINDS = ("seed_std", "client_std")
@@ -162,11 +165,17 @@ def _expand(entry: dict, order: list[str], where: str) -> list[dict]:
 
 def load_published(path: str | Path) -> Paper:
     """Read and check a published file; ConfigError names the file and the key."""
+    from fedrepro.io import read_regular
+
     path = Path(path)
-    try:
-        doc = yaml.safe_load(path.read_text())
-    except OSError as exc:
+    try:  # bounded and never blocking (a FIFO or device named as the file); nesting bounded by the parser's recursion
+        doc = yaml.safe_load(read_regular(path, PUBLISHED_MAX_BYTES).decode("utf-8"))
+    except OSError as exc:  # NotRegularFile, FileTooLarge name the file themselves
         raise ConfigError(f"published paper file {path}: {exc.strerror or exc}") from None
+    except (yaml.YAMLError, UnicodeDecodeError, RecursionError) as exc:
+        what = "nested too deeply" if isinstance(exc, RecursionError) else " ".join(str(exc).split())[:200]
+        raise ConfigError(f"published paper file {path}: not valid YAML ({what}); allowed: a published paper file "
+                          "(config/papers/published/README.md)") from None
     where = str(path)
     if not isinstance(doc, dict) or not isinstance(doc.get("paper"), dict) or not isinstance(doc.get("tables"), dict):
         raise ConfigError(f"{where}: not a published paper file (needs 'paper' and 'tables'; see config/papers/published/README.md)")

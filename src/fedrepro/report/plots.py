@@ -6,6 +6,7 @@ fixed jitter seeds, so the same inputs give byte-identical PNGs on one machine.
 
 from __future__ import annotations
 
+import os
 import textwrap
 from pathlib import Path
 
@@ -17,7 +18,9 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
+from fedrepro.data.shards import MANIFEST_HASH, partition_id  # noqa: E402
 from fedrepro.io import atomic_path  # noqa: E402
+from fedrepro.registry import ConfigError  # noqa: E402
 from fedrepro.report.aggregate import cell_ident, curves_frame, is_ok, row_keys, summary_frame  # noqa: E402
 from fedrepro.report.tables import row_name  # noqa: E402
 
@@ -27,12 +30,16 @@ _STYLE = {"global": "-", "personal": "--"}
 _MAX_BAR_CLIENTS = 50
 
 
-def _save(fig: plt.Figure, out_path: str | Path) -> None:
-    """Save atomically in the format named by the suffix (PNG by default), then close."""
+def _save(fig: plt.Figure, out_path: str | Path, stamp: dict[str, str] | None = None) -> None:
+    """Save atomically in the format named by the suffix (PNG by default), then close. `stamp`: text
+    chunks a PNG carries (other formats take only their fixed metadata keys)."""
     fmt = Path(out_path).suffix.lstrip(".").lower() or "png"
+    metadata = _METADATA.get(fmt)
+    if stamp and fmt == "png":
+        metadata = {**metadata, **stamp}
     try:
         with atomic_path(out_path) as tmp:
-            fig.savefig(tmp, format=fmt, dpi=120, metadata=_METADATA.get(fmt))
+            fig.savefig(tmp, format=fmt, dpi=120, metadata=metadata)
     finally:
         plt.close(fig)
 
@@ -48,6 +55,20 @@ def _no_data(ax: plt.Axes, text: str = "no successful cells") -> None:
 
 def _in(cells: list[dict], dataset: str, partition: str) -> list[dict]:
     return [c for c in cells if (cell_ident(c)["dataset"], cell_ident(c)["partition"]) == (dataset, partition)]
+
+
+def check_panel(cells: list[dict], dataset: str, partition: str) -> None:
+    """ConfigError unless some cell (ok or failed) is of `dataset` and `partition`: a panel the metrics
+    files lack would be drawn empty, like one whose cells all failed, and pass for a result."""
+    idents = [cell_ident(c) for c in cells]
+    datasets = sorted({str(i["dataset"]) for i in idents})
+    if dataset not in datasets:
+        raise ConfigError(f"--dataset has value {dataset!r}, which no given metrics file is of; allowed: "
+                          f"{', '.join(map(repr, datasets)) or 'none (no metrics files)'}")
+    partitions = sorted({str(i["partition"]) for i in idents if i["dataset"] == dataset})
+    if partition not in partitions:
+        raise ConfigError(f"--partition has value {partition!r}, which no given metrics file of {dataset!r} is of; "
+                          f"allowed: {', '.join(map(repr, partitions))}")
 
 
 def _band(ax: plt.Axes, series: pd.DataFrame, scale: float, **style) -> plt.Line2D:
@@ -211,14 +232,44 @@ def _counts(manifest: dict) -> np.ndarray:
     return np.array([np.pad(r, (0, width - len(r))) for r in rows], dtype=np.int64).reshape(len(rows), width)
 
 
+def check_partition_folder(part_dir: str | Path, manifest: dict) -> None:
+    """ConfigError unless the manifest read from `part_dir` is of the partition the folder is named by,
+    and its spec gives that id: a folder swapped with another partition's (and later restored) would
+    otherwise be drawn under the wrong id, and the picture would outlive the restore."""
+    name = Path(os.path.abspath(part_dir)).name  # the name given (a link keeps its own name), "." and ".." resolved
+    pid = manifest.get("partition_id")
+    own = partition_id(manifest["spec"]) if isinstance(manifest.get("spec"), dict) else None
+    if pid != name or own != pid:
+        found = f"partition {pid!r}" + ("" if own == pid else f" whose spec gives id {own!r}")
+        raise ConfigError(f"{part_dir}: its manifest.json is of {found} (manifest_sha256 {str(manifest.get(MANIFEST_HASH))[:16]}); "
+                          f"allowed: the manifest of partition {name!r}, the id the folder is named by (rerun its "
+                          "partition step)")
+
+
+def partition_stamp(manifest: dict) -> dict[str, str]:
+    """The PNG text chunks naming the partition a picture shows: a picture whose stamp differs from the
+    folder's manifest (read_png_stamp) is stale."""
+    return {"fedrepro.partition_id": str(manifest.get("partition_id")),
+            "fedrepro.manifest_sha256": str(manifest.get(MANIFEST_HASH))}
+
+
+def read_png_stamp(path: str | Path) -> dict[str, str]:
+    """The fedrepro.* text chunks of a PNG (partition_stamp), {} when it has none."""
+    from PIL import Image
+
+    with Image.open(path) as img:
+        return {k: v for k, v in (getattr(img, "text", None) or {}).items() if k.startswith("fedrepro.")}
+
+
 def plot_partition(manifest: dict, out_path: str | Path) -> None:
-    """Per-client label distribution: stacked bars (≤ 50 clients) or a bubble plot (more)."""
+    """Per-client label distribution: stacked bars (≤ 50 clients) or a bubble plot (more). The PNG
+    carries the partition id and manifest hash (partition_stamp)."""
     counts = _counts(manifest)
     n, k = counts.shape
     ids = [c.get("id", i) for i, c in enumerate(manifest.get("clients") or [])]
     params = ", ".join(f"{key}={val}" for key, val in sorted((manifest.get("params") or {}).items()))
     title = textwrap.fill(f"{manifest.get('dataset', '?')}: {manifest.get('partitioner', '?')}({params}), "
-                          f"seed {manifest.get('seed', '?')}, {n} clients", width=80)
+                          f"seed {manifest.get('seed', '?')}, {n} clients, partition {manifest.get('partition_id', '?')}", width=80)
     cmap = plt.get_cmap("tab10" if k <= 10 else "tab20" if k <= 20 else "viridis")
     if n <= _MAX_BAR_CLIENTS:
         fig, ax = plt.subplots(figsize=(9, max(3.0, 0.28 * n + 1.5)), layout="constrained")
@@ -249,4 +300,4 @@ def plot_partition(manifest: dict, out_path: str | Path) -> None:
     if n == 0:
         _no_data(ax, "no clients")
     ax.set_title(title)
-    _save(fig, out_path)
+    _save(fig, out_path, partition_stamp(manifest))

@@ -8,12 +8,14 @@ reads it without options); its caption, notes and unit are in <name>.meta.json a
 
 from __future__ import annotations
 
+import io
 import math
 from pathlib import Path
 
 import pandas as pd
 
-from fedrepro.io import atomic_path, write_json_atomic, write_text_atomic
+from fedrepro.io import FileTooLarge, NotRegularFile, atomic_path, file_kind, read_regular, write_json_atomic, write_text_atomic
+from fedrepro.registry import ConfigError
 from fedrepro.report.aggregate import DECIMALS, GROUP, METRIC_COLUMNS, column_keys, row_keys, seed_stats
 
 DEFAULT_TABLES = {
@@ -224,6 +226,41 @@ def unscored_note(frame: pd.DataFrame) -> str:
 def client_notes(frame: pd.DataFrame) -> list[str]:
     """The notes on which clients the scores cover: untrained clients' rule, clients not scored."""
     return [n for n in (untrained_note(frame), unscored_note(frame)) if n]
+
+
+#: Largest summary.csv `fedrepro tables` reads (10,000 cells x a few kinds x ~40 columns: tens of MB).
+MAX_SUMMARY_BYTES = 256 << 20
+#: The summary.csv columns the tables read (unscored_clients is optional: summaries before it lack it).
+SUMMARY_INPUT_COLUMNS = [*GROUP, "seed", "status", *METRIC_COLUMNS, "num_clients", "untrained_clients", "untrained_rule"]
+_NUMERIC_INPUT_COLUMNS = ["seed", *METRIC_COLUMNS, "num_clients", "untrained_clients"]
+
+
+def read_summary(path: str | Path) -> pd.DataFrame:
+    """The summary.csv `fedrepro aggregate` wrote, read through the bounded regular-file reader; a
+    ConfigError (one line, naming the file) for anything else: not CSV, not text, too large, or
+    without the columns the tables read."""
+    allowed = "the summary.csv `fedrepro aggregate` writes (results/<experiment>/summary.csv)"
+    try:
+        data = read_regular(path, MAX_SUMMARY_BYTES)
+    except NotRegularFile as exc:
+        raise ConfigError(f"--summary {str(path)!r}: {file_kind(exc.st_mode)}, not a regular file; allowed: {allowed}") from None
+    except FileTooLarge as exc:
+        raise ConfigError(f"--summary {str(path)!r}: {exc.size:,} bytes; allowed: {allowed}, at most "
+                          f"{MAX_SUMMARY_BYTES:,} bytes") from None
+    try:
+        frame = pd.read_csv(io.BytesIO(data))
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError, ValueError) as exc:
+        raise ConfigError(f"--summary {str(path)!r}: not a CSV file ({' '.join(str(exc).split())[:200]}); "
+                          f"allowed: {allowed}") from None
+    missing = [c for c in SUMMARY_INPUT_COLUMNS if c not in frame.columns]
+    if missing:
+        shown = ", ".join(missing[:6]) + (f" and {len(missing) - 6} more" if len(missing) > 6 else "")
+        raise ConfigError(f"--summary {str(path)!r}: a CSV without the column(s) {shown}; allowed: {allowed}")
+    wrong = [c for c in _NUMERIC_INPUT_COLUMNS if not pd.api.types.is_numeric_dtype(frame[c])]
+    if wrong:
+        raise ConfigError(f"--summary {str(path)!r}: column(s) {', '.join(wrong)} hold values that are not numbers; "
+                          f"allowed: {allowed}")
+    return frame
 
 
 def write_tables(frame: pd.DataFrame, out_dir: str | Path, columns: dict[str, str] = DEFAULT_TABLES) -> list[Path]:
