@@ -189,7 +189,7 @@ def test_sigkill_mid_run_then_rerun_resumes_to_the_same_metrics(tiny_partition, 
 
 
 def test_diverging_run_is_recorded_as_failed(tiny_partition, make_cell, tmp_path):
-    m = train_cell(make_cell("fedavg", optimizer={"lr": 1e12}), tiny_partition[0], tmp_path, progress=False)
+    m = train_cell(make_cell("fedavg", optimizer={"lr": 1e6}), tiny_partition[0], tmp_path, progress=False)
     assert m["status"] == "failed" and "diverged" in m["failure"]["reason"]
     assert json.loads((tmp_path / "metrics.json").read_text())["status"] == "failed"
 
