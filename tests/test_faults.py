@@ -259,7 +259,7 @@ def test_full_disk_fails_the_training_job_cleanly_and_a_rerun_completes(tmp_path
         snakemake(tmp_path, "--configfile", cfg, *LOCAL_ARGS)
         metrics = json.loads((run_dir(tmp_path, config) / "metrics.json").read_text())
         assert metrics["status"] == "ok" and metrics["resources"]["resumed_from_round"] >= 1
-        assert files_under(runs) == [f"digits/dir/fedavg/seed0/{f}" for f in ("metrics.json", "provenance.json")]
+        assert files_under(runs) == [f"digits/dir/fedavg/seed0/{f}" for f in ("final_model.pt", "metrics.json", "provenance.json")]
 
 
 @pytest.mark.slow
@@ -281,8 +281,9 @@ def test_forced_retrain_failing_on_a_full_disk_keeps_the_earlier_result(tmp_path
         assert "No space left on device" in train_log(tmp_path, config).read_text()
         for name, data in results.items():
             assert (run_dir(tmp_path, config) / name).read_bytes() == data, f"the failed retrain lost {name}"
-        assert files_under(runs) == ["digits/dir/fedavg/seed0/metrics.json", "digits/dir/fedavg/seed0/provenance.json",
-                                     "filler", "held-metrics.json", "held-provenance.json"], "the failed job left files"
+        assert files_under(runs) == ["digits/dir/fedavg/seed0/final_model.pt", "digits/dir/fedavg/seed0/metrics.json",
+                                     "digits/dir/fedavg/seed0/provenance.json", "filler", "held-metrics.json",
+                                     "held-provenance.json"], "the failed job left files"
 
 
 @pytest.mark.slow

@@ -360,7 +360,7 @@ def test_a_killed_training_jobs_temporary_files_are_cleaned_by_the_next_run_of_t
         assert proc.returncode == -signal.SIGKILL
         assert [p.name.startswith(TMP_PREFIX) for p in target.parent.iterdir()] == [True]
     train_cell(make_cell("fedavg", rounds=1), tiny_partition[0], out, checkpoint=ckpt, progress=False)
-    assert sorted(p.name for p in out.iterdir()) == ["metrics.json", "provenance.json"]
+    assert sorted(p.name for p in out.iterdir()) == ["final_model.pt", "metrics.json", "provenance.json"]
     assert list(ckpt.parent.iterdir()) == []
 
 

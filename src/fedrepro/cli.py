@@ -258,6 +258,9 @@ def cmd_train(args) -> None:
                 raise ConfigError(f"{flag} is required with --cell (with --cell-id it defaults to the workflow's path)")
         cell = args.cell
     check.train_inputs(cell, args.shards, args.device)  # before any data is loaded
+    if "finetune" in cell:
+        raise ConfigError(f"cell {cell['label']} is a fine-tuning row of label {cell['finetune']!r}: it is scored from that "
+                          "cell's final model by `fedrepro finetune`, not trained")
     resolved_key = short_hash(cell)  # what the workflow expects in metrics.json, also for a tuned cell
     if cell.get("tuned") and not args.tuned:
         raise ConfigError("the cell's hyper-parameters are tuned: pass --tuned <the select rule's JSON>")
@@ -275,6 +278,15 @@ def cmd_train(args) -> None:
         cell = apply_values(cell, sel["winner"]["values"]) | {"tuned": {"trial": sel["winner"]["id"],
                                                                         "values": sel["winner"]["values"]}}
     train_cell(cell, args.shards, args.out_dir, args.checkpoint, device=args.device, threads=args.threads, cell_key=resolved_key)
+
+
+def cmd_finetune(args) -> None:
+    from .engine.finetune import finetune_cell
+
+    for cell in (args.cell, args.base_cell):
+        check.train_inputs(cell, args.shards, args.device)  # before any data is loaded
+    finetune_cell(args.cell, args.base_cell, args.shards, args.out_dir, args.final_model, device=args.device,
+                  threads=args.threads)
 
 
 def cmd_pretrain_backbone(args) -> None:
@@ -523,6 +535,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=check.positive_int, default=None, help="torch CPU threads")
     p.add_argument("--tuned", type=check.json_file, help="the select rule's JSON: train with its winning hyper-parameters")
     p.set_defaults(func=cmd_train)
+
+    p = sub.add_parser("finetune", help="score a fine-tuning row from its base cell's final model",
+                       description="Write a fine-tuning row's metrics.json and provenance.json into --out-dir without "
+                       "training: its base cell's final model (final_model.pt, kept beside the base's metrics.json) is "
+                       "fine-tuned and scored as the row's own training would (docs/evaluation.md). Where the base kept "
+                       "no final model, the row is trained in full.")
+    p.add_argument("--cell", required=True, type=check.json_object_text, help="the fine-tuning row's resolved cell as JSON")
+    p.add_argument("--base-cell", required=True, type=check.json_object_text, help="its base cell's resolved cell as JSON")
+    p.add_argument("--final-model", required=True, help="the base cell's final_model.pt (read and checked by the command)")
+    p.add_argument("--shards", required=True, type=check.partition_dir, help="partition directory")
+    p.add_argument("--out-dir", required=True, type=check.output_dir, help="output folder of the row")
+    p.add_argument("--device", default="auto", type=check.device, help="auto (CUDA when present), cpu, cuda, cuda:1, ...")
+    p.add_argument("--threads", type=check.positive_int, default=None, help="torch CPU threads")
+    p.set_defaults(func=cmd_finetune)
 
     p = sub.add_parser("pretrain-backbone", help="pre-train a ViT backbone on a dataset's held-out proxy",
                        description="Pre-train the backbone of a `prompted_vit` with `weights: proxy` once on the dataset's "

@@ -594,8 +594,11 @@ def resolve_experiment(config: dict) -> dict[str, Any]:
                               f"below {n}, the number of clients of partition '{part['label']}' ({part['dataset']})")
     cells = []
     methods = {}
+    finetune_of = {label: m["finetune"] for label, m in config["methods"].items() if isinstance(m, dict) and "finetune" in m}
     for label, m in config["methods"].items():
         m = m or {}
+        if label in finetune_of:  # resolved below, from its base label's entry
+            continue
         method = m.get("method", label)
         if method not in METHODS:
             raise ConfigError(f"config key 'methods.{label}': unknown method {method!r}; allowed: {', '.join(METHODS.names())}")
@@ -605,13 +608,16 @@ def resolve_experiment(config: dict) -> dict[str, Any]:
         # a label's own model replaces every dataset's (Calibre's local linear classifier: mlp with no hidden layer)
         own_model = m.get("model") and {"name": m["model"]["name"], "params": _model_params(f"methods.{label}.model", m["model"])}
         methods[label] = (method, hp, m.get("training"), own_model)
+    finetune_rows = {label: _finetune_row(label, config["methods"][label], of, methods) for label, of in finetune_of.items()}
+    methods = {label: methods.get(label) or finetune_rows[label] for label in config["methods"]}  # in the config's order
     for part in partitions:
         ds = part["dataset"]
         for label, (method, hp, method_training, own_model) in methods.items():
             model = own_model or datasets[ds]["model"]
             if own_model:
-                _check_model_input(f"methods.{label}.model", own_model["name"], ds, datasets[ds]["params"], own_model["params"],
-                                   config["methods"][label]["model"].get("params"))
+                given = finetune_of.get(label, label)  # a fine-tuning row's model is its base label's
+                _check_model_input(f"methods.{given}.model", own_model["name"], ds, datasets[ds]["params"], own_model["params"],
+                                   config["methods"][given]["model"].get("params"))
             METHODS.get(method).check_cell(f"methods.{label}", hp, model, part["spec"])
             # precedence: experiment < dataset < method; an error names the most specific key given
             training = _merge(_merge(base_training, datasets[ds]["training"]), method_training)
@@ -642,6 +648,7 @@ def resolve_experiment(config: dict) -> dict[str, Any]:
                     "method": method, "label": label, "hparams": hp, "model": model,
                     "seed": seed, "training": t, "evaluation": evaluation,
                     **({"sweep": sweeps[label]} if label in sweeps else {}),  # the swept values: summary.csv's sweep.* columns
+                    **({"finetune": finetune_of[label]} if label in finetune_of else {}),  # a "+FT" row: its base label
                 })
         allowed = cells_over(len(cells), BUDGETS["cells"])
         if allowed:
@@ -652,6 +659,11 @@ def resolve_experiment(config: dict) -> dict[str, Any]:
     for c in cells:
         if tuning and c["label"] in tuning["labels"]:
             c["tuned"] = True  # its hyper-parameters come from the selection (`fedrepro train --tuned`)
+            if "finetune" in c or c["label"] in finetune_of.values():
+                ft = c["label"] if "finetune" in c else next(k for k, v in finetune_of.items() if v == c["label"])
+                raise ConfigError(f"config key 'methods.{ft}.finetune' has value {finetune_of[ft]!r}, a label that `tuning` "
+                                  f"tunes (or the row itself is tuned); allowed: a label whose hyper-parameters are given "
+                                  "(a tuned cell is trained from its selection, not scored from a kept final model)")
     _check_duplicate_labels(cells, tuning)
     allowed = cells_over(len(cells) + len(tuning_cells), BUDGETS["cells"])
     if allowed:
@@ -662,6 +674,34 @@ def resolve_experiment(config: dict) -> dict[str, Any]:
         check_available()
     return {"experiment": name, "datasets": datasets, "partitions": partitions, "cells": cells,
             "tuning": tuning, "tuning_cells": tuning_cells, "tracking": tracking}
+
+
+def _finetune_row(label: str, entry: dict, of: Any, methods: dict[str, tuple]) -> tuple:
+    """The (method, hparams, training, model) of a "+FT" row `methods.<label>: {finetune: <of>, hparams:
+    {ft_*}}`: label `of`'s cells, each client's head then fine-tuned on its train split after training
+    (methods/_finetune.py), scored from `of`'s kept final model (fedrepro.engine.finetune)."""
+    from .methods._finetune import FINETUNE_HPARAMS
+
+    where = f"config key 'methods.{label}.finetune'"
+    extra = sorted(set(entry) - {"finetune", "hparams"})
+    if extra:
+        raise ConfigError(f"config key 'methods.{label}.{extra[0]}' is set beside 'finetune'; allowed: finetune and hparams "
+                          f"(ft_* only): a fine-tuning row takes its method, training and model from label {show(of)}")
+    if not isinstance(of, str) or of not in methods:
+        raise ConfigError(f"{where} has value {show(of)}; allowed: another label of `methods` that is no fine-tuning row "
+                          f"({', '.join(methods) or 'none'})")
+    method, hp, training, own_model = methods[of]
+    if label in METHODS:  # tables key rows on labels: this one would read as that method
+        raise ConfigError(f"config key 'methods.{label}.finetune' makes a row labelled {label!r}, the name of method "
+                          f"{label!r}; allowed: a label that is no method's name (e.g. '{of}_plus_ft'), or "
+                          f"`{label}: {{hparams: ...}}` for the method itself")
+    cls = METHODS.get(method)
+    if not cls.has_global or getattr(cls, "finetune_base", None) is not None:
+        why = "has no global model" if not cls.has_global else "fine-tunes already"
+        raise ConfigError(f"{where} has value {of!r}, whose method {method!r} {why}; allowed: a label whose method has a "
+                          "global model and is no fine-tuning method")
+    ft = resolve_params(f"config key 'methods.{label}.hparams' (fine-tuning of '{of}')", FINETUNE_HPARAMS, entry.get("hparams"))
+    return method, {**hp, **ft}, training, own_model
 
 
 def _check_label_shadow(label: str, method: str) -> None:

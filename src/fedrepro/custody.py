@@ -19,13 +19,15 @@ import time
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
-from typing import Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable
 
-import jsonschema
 import yaml
 
 from .io import FileTooLarge, NotRegularFile, fsync_dir, load_json, read_regular, short_hash
 from .registry import ConfigError, show
+
+if TYPE_CHECKING:  # the annotations only: jsonschema is imported where metrics are validated
+    import jsonschema
 
 #: The fields of an identity, in the order a mismatch is reported (the first differing one is named).
 IDENTITY_FIELDS = ("experiment", "dataset", "partition", "partition_id", "method", "label", "seed", "cell_key", "manifest_hash")
@@ -133,6 +135,8 @@ def read_bounded_json(path: str | os.PathLike, limit: int = METRICS_MAX_BYTES, w
 
 @lru_cache(maxsize=1)
 def _metrics_validator() -> jsonschema.protocols.Validator:
+    import jsonschema  # here: only readers of metrics.json validate them, not the training job that writes one
+
     schema = yaml.safe_load(resources.files("fedrepro").joinpath("schemas/metrics.schema.yaml").read_text())
     # integers must be integers (JSON Schema's "integer" accepts 3.0)
     cls = jsonschema.validators.extend(jsonschema.Draft202012Validator, type_checker=jsonschema.Draft202012Validator.TYPE_CHECKER.redefine(

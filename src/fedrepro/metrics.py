@@ -5,7 +5,6 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from sklearn.metrics import f1_score
 
 STATS = ("weighted_mean", "mean", "std", "min", "max", "worst10")
 
@@ -15,10 +14,17 @@ def accuracy(y_true: np.ndarray, y_pred: np.ndarray) -> float:
 
 
 def macro_f1(y_true: np.ndarray, y_pred: np.ndarray) -> float:
-    """Macro-F1 over the classes present in the client's labels or predictions (sklearn's default)."""
+    """Macro-F1 over the classes present in the client's labels or predictions: sklearn's
+    f1_score(average="macro", zero_division=0), computed as it computes it (per class 2 tp / (true +
+    predicted), a division of exact integers, then numpy's nanmean), so the scores are bit-identical;
+    without importing sklearn, which with pandas took about a second of every training job's start."""
     if not len(y_true):
         return math.nan
-    return float(f1_score(y_true, y_pred, average="macro", zero_division=0))
+    labels, codes = np.unique(np.concatenate([np.asarray(y_true), np.asarray(y_pred)]), return_inverse=True)
+    true, pred = codes[:len(y_true)], codes[len(y_true):]
+    k = len(labels)
+    tp = np.bincount(true[true == pred], minlength=k)
+    return float(np.nanmean(2.0 * tp / (np.bincount(true, minlength=k) + np.bincount(pred, minlength=k))))
 
 
 def worst_fraction_mean(values: np.ndarray, fraction: float = 0.1) -> float:

@@ -47,6 +47,12 @@ CELLS = {
     (c["dataset"], c["partition"], c["label"], str(c["seed"])): c for c in EXP["cells"]
 }
 PARTITIONS = {(p["dataset"], p["label"]): p for p in EXP["partitions"]}
+# Fine-tuning rows scored from their base cell's final model (rule finetune, docs/evaluation.md),
+# keyed like CELLS, each with its base cell: the other cells train (rule train).
+from fedrepro.engine.finetune import FINAL_MODEL, derived_bases
+
+DERIVED = derived_bases(EXP["cells"])
+DERIVED_LABELS = sorted({k[2] for k in DERIVED})
 
 
 def _one_of(names):
@@ -84,6 +90,22 @@ def spec_by_id(wildcards):
 def cell_json(wildcards):
     key = (wildcards.dataset, wildcards.partition, wildcards.label, wildcards.seed)
     return json.dumps(CELLS[key], sort_keys=True)
+
+
+def base_cell_json(wildcards):
+    key = (wildcards.dataset, wildcards.partition, wildcards.label, wildcards.seed)
+    return json.dumps(DERIVED[key], sort_keys=True)
+
+
+def base_run_dir(wildcards):
+    return run_dir(DERIVED[(wildcards.dataset, wildcards.partition, wildcards.label, wildcards.seed)])
+
+
+def finetune_inputs(wildcards):
+    """A derived row's inputs: its cell's, and its base cell's metrics.json (the base trains first;
+    its final model, written before that file, is read by `fedrepro finetune`, not declared, so
+    adding rows changes no training job)."""
+    return cell_inputs(wildcards) | {"base": f"{base_run_dir(wildcards)}/metrics.json"}
 
 
 def cell_shards(wildcards):

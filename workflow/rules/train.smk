@@ -57,6 +57,42 @@ rule train:
         "--checkpoint {params.checkpoint:q} --threads {threads} > {log:q} 2>&1"
 
 
+# A fine-tuning row scored only after training (fedrepro.engine.finetune.derived_bases) is not
+# trained again: its base cell's final model is fine-tuned and scored; the metrics are those the
+# row's own training writes. Rule train is unchanged, so no trained cell reruns for it.
+ruleorder: finetune > train
+
+
+rule finetune:
+    input:
+        unpack(finetune_inputs),
+    output:
+        metrics=update(f"{OUT}/runs/{{dataset}}/{{partition}}/{{label}}/seed{{seed}}/metrics.json"),
+        provenance=update(f"{OUT}/runs/{{dataset}}/{{partition}}/{{label}}/seed{{seed}}/provenance.json"),
+    wildcard_constraints:
+        label=_one_of(DERIVED_LABELS) if DERIVED_LABELS else "(?!)",
+    conda:
+        "../envs/fedrepro.yaml"
+    log:
+        f"{OUT}/logs/finetune/{{dataset}}/{{partition}}/{{label}}/seed{{seed}}.log",
+    params:
+        cell=cell_json,
+        base=base_cell_json,
+        final_model=lambda wc: f"{base_run_dir(wc)}/{FINAL_MODEL}",
+        out_dir=lambda wildcards, output: os.path.dirname(output.metrics),
+    threads: 2
+    resources:
+        gpu=1,
+        gpu_slots=1,
+        mem_mb=16000,
+        runtime=60,
+    message:
+        "fine-tuning row {wildcards.dataset}/{wildcards.partition}/{wildcards.label}/seed{wildcards.seed} from its base cell"
+    shell:
+        "fedrepro finetune --cell {params.cell:q} --base-cell {params.base:q} --final-model {params.final_model:q} "
+        "--shards {input.shards:q} --out-dir {params.out_dir:q} --threads {threads} > {log:q} 2>&1"
+
+
 # Live progress (fedrepro/progress.py): every job this Snakemake process starts inherits the
 # status folder, where training processes rewrite their cell's status file each round. Set here,
 # not in the rules, so their code (and so every finished cell) stays as it was.

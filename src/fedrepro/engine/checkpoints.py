@@ -76,14 +76,15 @@ def load(engine) -> tuple[int, list, dict] | None:
     return state["round"], state["history"], state["per_round"]
 
 
-def checked(engine, path: Path) -> dict[str, Any]:
-    """The checkpoint's state, or CheckpointRejected saying what is wrong with it."""
+def read_state(path: Path, device: Any, keys: tuple[str, ...] = KEYS, what: str = "checkpoint") -> dict[str, Any]:
+    """The dict of `keys` a fedrepro state file (a checkpoint, a final model) holds, read with
+    torch.load(weights_only=True), or CheckpointRejected saying why it cannot be believed."""
     if not path.is_file() or path.is_symlink():
         raise CheckpointRejected("is not a regular file")
     try:
         with warnings.catch_warnings():  # torch warns about foreign pickle protocols: the rejection says enough
             warnings.simplefilter("ignore")
-            state = torch.load(path, map_location=engine.device, weights_only=True)
+            state = torch.load(path, map_location=device, weights_only=True)
     except pickle.UnpicklingError:  # never repeat torch's advice to load it with weights_only=False
         raise CheckpointRejected("holds objects other than tensors and plain containers (refused by "
                                  "torch.load(weights_only=True))") from None
@@ -91,9 +92,15 @@ def checked(engine, path: Path) -> dict[str, Any]:
         detail = (str(exc).splitlines() or [""])[0][:120]
         detail = "" if "weights_only" in str(exc) else f": {detail}"
         raise CheckpointRejected(f"cannot be read ({type(exc).__name__}{detail}); it is truncated or damaged") from None
-    if not isinstance(state, dict) or not set(KEYS) <= set(state):
-        keys = sorted(map(str, state)) if isinstance(state, dict) else type(state).__name__
-        raise CheckpointRejected(f"is not a fedrepro checkpoint of this version (it has {show(keys)})")
+    if not isinstance(state, dict) or not set(keys) <= set(state):
+        got = sorted(map(str, state)) if isinstance(state, dict) else type(state).__name__
+        raise CheckpointRejected(f"is not a fedrepro {what} of this version (it has {show(got)})")
+    return state
+
+
+def checked(engine, path: Path) -> dict[str, Any]:
+    """The checkpoint's state, or CheckpointRejected saying what is wrong with it."""
+    state = read_state(path, engine.device)
     problem = identity_mismatch(state["identity"], identity(engine))
     if problem:
         raise CheckpointRejected(f"belongs to another cell or partition ({problem})")

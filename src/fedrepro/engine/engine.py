@@ -9,8 +9,8 @@ the modules beside this one, each owning one job (docs/architecture.md): the rou
 (evaluation.py), the beyond-protocols (beyond.py), the t-SNE picture (embedding.py),
 checkpoints (checkpoints.py), the metrics record (record.py), optimizers and schedules
 (optim.py), sampling (sampling.py), memory layout (layout.py), the round progress
-(round_progress.py). The Engine's methods are the verbs methods and the loop call; each hands
-its work to its module. Randomness is drawn from seeds derived from (seed, purpose, round,
+(round_progress.py), the final model and the fine-tuning rows scored from it (finetune.py).
+The Engine's methods are the verbs methods and the loop call; each hands its work to its module. Randomness is drawn from seeds derived from (seed, purpose, round,
 client), never from one running stream, so a run resumed from a checkpoint ends exactly where
 an uninterrupted run ends.
 
@@ -51,7 +51,8 @@ Params = dict[str, torch.Tensor]
 
 class Engine:
     def __init__(self, cell: dict[str, Any], manifest: dict[str, Any], clients: list[Client], device: torch.device,
-                 checkpoint: Path | None = None, progress: bool = True, official_test: Split | None = None):
+                 checkpoint: Path | None = None, progress: bool = True, official_test: Split | None = None,
+                 method_class: type[Method] | None = None):
         self.cell = cell
         self.training = cell["training"]
         self.seed = int(cell["seed"])
@@ -74,8 +75,8 @@ class Engine:
         use_layout(self.model, self.training.get("channels_last", False), device)  # absent in older cells: as before
         self.augment = AUGMENTATIONS[self.training["augment"]]
         self.normalisation = _normaliser(manifest, device)  # (mean, std) per channel: what the data tensors were scaled by
-        entry = METHODS.entry(cell["method"])
-        self.method: Method = entry.obj(self, dict(cell["hparams"]))
+        # method_class: a derived fine-tuning row's method (finetune.py), else the cell's registered one
+        self.method: Method = (method_class or METHODS.entry(cell["method"]).obj)(self, dict(cell["hparams"]))
         for name, module in self.method.extra_modules().items():  # a method's own modules (SSL projector, target network)
             self.model.add_module(name, module.to(device))
         self.schedule = sampling_schedule(len(self.clients), self.training["participation"], self.training["rounds"], self.seed)
@@ -90,6 +91,9 @@ class Engine:
         self._compiled: torch.nn.Module | None = None
         self._streams: dict[int, int] = {}  # per-client batch stream positions of a vectorized round
         self.personal_eval_time = 0.0  # seconds of evaluate() spent on personalized models (resources)
+        # after the last round: the server and random state and the records, for the final-model file (finetune.py)
+        self.final_state: dict[str, Any] | None = None
+        self.final_records: tuple[list, dict] | None = None
 
     def _vectorized(self) -> bool:
         """Whether rounds run the sampled clients' local updates as one vectorized computation:

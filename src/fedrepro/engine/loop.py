@@ -20,6 +20,7 @@ import torch
 
 from ..io import derive_seed
 from ..methods.base import Update, payload_bytes
+from .finetune import final_state
 from .record import accuracies, build_metrics, summaries
 from .round_progress import RoundProgress
 
@@ -90,6 +91,8 @@ def run(engine) -> dict[str, Any]:
         per_round["train_loss"].append(train_loss)
         t2 = time.perf_counter()
         train_time += t2 - t1
+        if r == rounds:  # the state a fine-tuning row of this cell starts its scoring from (finetune.py)
+            engine.final_state = final_state(engine)
         if r % t["eval_every"] == 0 or r == rounds:
             record = engine.evaluate(personal=r % (t.get("personal_eval_every") or 1) == 0 or r == rounds)
             record["train_loss"] = train_loss
@@ -102,6 +105,7 @@ def run(engine) -> dict[str, Any]:
         if r % t["checkpoint_every"] == 0 and r < rounds:
             engine.save_checkpoint(history, per_round)
     bar.close()
+    engine.final_records = (history, per_round)  # what a derived fine-tuning row re-scores (finetune.save_final)
     t3 = time.perf_counter()
     beyond = engine.evaluate_beyond(history[-1])
     embedding = engine.embedding((engine.cell.get("evaluation") or {}).get("embed_clients") or [])

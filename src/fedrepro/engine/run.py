@@ -10,12 +10,13 @@ from typing import Any
 import torch
 
 from ..custody import cell_identity
-from ..data.shards import load_partition, read_official_test
+from ..data.shards import load_partition_with_official
 from ..io import clean_stale, write_json_atomic
 from ..provenance import collect
 from ..registry import ConfigError
 from .data import load_clients, load_split
 from .engine import Engine
+from .finetune import FINAL_MODEL, save_final
 from .loop import TrainingDiverged
 from .record import metrics_cell
 
@@ -59,40 +60,56 @@ def failed_metrics(cell: dict, reason: str, round: int | None, identity: dict[st
 
 def train_cell(cell: dict, shards_dir: str | Path, out_dir: str | Path, checkpoint: str | Path | None = None,
                device: str = "auto", threads: int | None = None, progress: bool = True,
-               cell_key: str | None = None) -> dict[str, Any]:
+               cell_key: str | None = None, method_class: type | None = None) -> dict[str, Any]:
     """Train `cell` on the partition in `shards_dir`; write metrics.json and provenance.json, both
     with the cell's identity (fedrepro.custody.cell_identity; `cell_key`: the hash of the cell as
-    the workflow resolved it, where `cell` is a tuned one, else the hash of `cell`)."""
+    the workflow resolved it, where `cell` is a tuned one, else the hash of `cell`). A cell with a
+    global model also keeps its final model (finetune.FINAL_MODEL), what its fine-tuning rows score.
+    `method_class`: the method to train with instead of the cell's registered one (a "+FT" row)."""
     out_dir = Path(out_dir)
     for folder in {out_dir, *([Path(checkpoint).parent] if checkpoint else [])}:
         clean_stale(folder)  # the temporary files of an earlier job of this cell killed with SIGKILL
-    if threads:
-        torch.set_num_threads(threads)
-    determinism = set_determinism(cell["training"]["deterministic"])
-    dev = pick_device(device)
-    if dev.type == "cuda" and dev.index is not None:
-        torch.cuda.set_device(dev)  # "cuda" and the memory statistics then mean this GPU
-    manifest, shards = load_partition(shards_dir)  # refuses shards whose sha256 differs
-    if manifest["partition_id"] != cell["partition_id"]:
-        raise ConfigError(f"{shards_dir}: partition {manifest['partition_id']} is not the cell's partition {cell['partition_id']}")
-    carve = (cell.get("validation") or {}).get("from_train")  # a tuning trial: validation carved from train
-    clients = load_clients(manifest, shards, dev, val_from_train=carve, seed=int(cell["seed"]))
-    official = read_official_test(shards_dir, manifest) if "official" in cell["training"]["global_test"] else None
-    if "official" in cell["training"]["global_test"] and official is None:
-        raise ConfigError(f"{shards_dir}: training.global_test asks for 'official' but the partition has no official test set "
-                         "(it pooled it into the clients' data, pool: true, or the dataset has none)")
+    manifest, clients, dev, determinism, official = open_cell(cell, shards_dir, device, threads)
     label = f"{cell['experiment']}/{cell['dataset']}/{cell['partition']}/{cell['label']}/seed{cell['seed']}"
     print(f"[fedrepro] training cell {label} on {dev} ({len(clients)} clients, {cell['training']['rounds']} rounds)", file=sys.stderr)
     engine = Engine(cell, manifest, clients, dev, Path(checkpoint) if checkpoint else None, progress=progress,
-                    official_test=load_split(manifest, official, "test", dev) if official else None)
+                    official_test=official, method_class=method_class)
     identity = cell_identity(cell, manifest, cell_key)
     try:
         metrics = engine.run() | {"identity": identity}
     except TrainingDiverged as exc:
         print(f"[fedrepro] cell {label} FAILED: {exc.reason}", file=sys.stderr)
         metrics = failed_metrics(cell, exc.reason, exc.round, identity)
+    # before metrics.json, so a finished cell has both; a failed one keeps none (no row is scored from an
+    # earlier run's model). Tuning trials and tuned cells are no fine-tuning row's base (finetune.base_problem).
+    if metrics["status"] == "ok" and engine.method.has_global and not {"validation", "tuned"} & set(cell):
+        save_final(engine, out_dir / FINAL_MODEL, identity)
+    elif (out_dir / FINAL_MODEL).exists():
+        (out_dir / FINAL_MODEL).unlink()
     write_json_atomic(out_dir / "provenance.json", collect(cell, manifest, dev, determinism) | {"identity": identity})
     write_json_atomic(out_dir / "metrics.json", metrics)
     if checkpoint and Path(checkpoint).exists():
         Path(checkpoint).unlink()
     return metrics
+
+
+def open_cell(cell: dict, shards_dir: str | Path, device: str = "auto",
+              threads: int | None = None) -> tuple[dict, list, torch.device, dict[str, Any], Any]:
+    """What a job of `cell` needs before its engine: the manifest (its shards checked), the clients'
+    data on the device, the device, the determinism settings and the official test split (or None)."""
+    if threads:
+        torch.set_num_threads(threads)
+    determinism = set_determinism(cell["training"]["deterministic"])
+    dev = pick_device(device)
+    if dev.type == "cuda" and dev.index is not None:
+        torch.cuda.set_device(dev)  # "cuda" and the memory statistics then mean this GPU
+    # every file read once, the official test set too (refused where its sha256 differs)
+    manifest, shards, official = load_partition_with_official(shards_dir, official="official" in cell["training"]["global_test"])
+    if manifest["partition_id"] != cell["partition_id"]:
+        raise ConfigError(f"{shards_dir}: partition {manifest['partition_id']} is not the cell's partition {cell['partition_id']}")
+    carve = (cell.get("validation") or {}).get("from_train")  # a tuning trial: validation carved from train
+    clients = load_clients(manifest, shards, dev, val_from_train=carve, seed=int(cell["seed"]))
+    if "official" in cell["training"]["global_test"] and official is None:
+        raise ConfigError(f"{shards_dir}: training.global_test asks for 'official' but the partition has no official test set "
+                         "(it pooled it into the clients' data, pool: true, or the dataset has none)")
+    return manifest, clients, dev, determinism, load_split(manifest, official, "test", dev) if official else None

@@ -47,6 +47,7 @@ def with_head_finetuning(base: type[Method], name: str, summary: str, paper: str
         "has_personal": True,
         "vectorized": base.__dict__.get("vectorized", False),  # fine-tuning changes evaluation, not the local update
         "personal_params": personal_params,
+        "finetune_base": base,  # a derived fine-tuning row re-scores `base`'s final model (engine/finetune.py)
         "__doc__": f"{base.__name__} followed by per-client head fine-tuning.",
         "__module__": base.__module__,
     })

@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from scipy.optimize import minimize
 
 from ..registry import Param
 from . import register
@@ -83,6 +82,8 @@ def combination_weights(variances: np.ndarray, stats: np.ndarray, i: int) -> np.
     if scale == 0:  # every client identical and noiseless: any alpha is optimal
         return np.full(m, 1.0 / m)
     p = p / scale  # the minimiser is scale-free; this keeps SLSQP's tolerances meaningful
+    from scipy.optimize import minimize  # here: scipy.optimize is a costly import that only FedPAC needs
+
     res = minimize(lambda a: a @ p @ a, np.full(m, 1.0 / m), jac=lambda a: 2 * p @ a, method="SLSQP",
                    bounds=[(0.0, 1.0)] * m,
                    constraints=[{"type": "eq", "fun": lambda a: a.sum() - 1.0, "jac": lambda a: np.ones(m)}],

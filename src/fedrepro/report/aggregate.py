@@ -32,7 +32,7 @@ CELL_KEYS = ("experiment", "dataset", "partition", "partition_id", "method", "la
 METRIC_COLUMNS = [f"{m}_{s}" for m in METRICS for s in STATS]
 BESTVAL_COLUMNS = [f"bestval_{m}_weighted_mean" for m in METRICS]
 EXTRA_COLUMNS = ["rounds", "bytes_up_total", "bytes_down_total", "wall_time_s", "peak_rss_mb",
-                 "num_clients", "untrained_clients", "untrained_rule", "unscored_clients"]
+                 "num_clients", "untrained_clients", "untrained_rule", "unscored_clients", "finetuned_from"]
 #: Distinct client types (metrics.json summary "<kind>_types", FedGCR): Avg over types, σ_type,
 #: σ_client; and the method's clustering accuracy against the true types (FedGCR's Table 3).
 TYPE_COLUMNS = {"type_avg": "avg", "type_sigma": "sigma_type", "client_sigma": "sigma_client"}
@@ -111,6 +111,8 @@ def summary_frame(cells: list[dict]) -> pd.DataFrame:
             "untrained_rule": _get(cell, "clients", "untrained_rule"),
             # clients without test data (a partition with allow_empty_clients): left out of every score
             "unscored_clients": _num(sum(1 for n in _get(cell, "clients", "test_size") or [] if n == 0)) if ok else math.nan,
+            # a fine-tuning row scored from this label's final model, not trained (fedrepro.engine.finetune)
+            "finetuned_from": _get(cell, "resources", "finetuned_from") if ok else None,
         } | sweep_columns(cell)
         for kind in cell_kinds(cell) if ok else ["failed"]:
             row = dict(base, kind=kind)

@@ -224,8 +224,20 @@ def unscored_note(frame: pd.DataFrame) -> str:
 
 
 def client_notes(frame: pd.DataFrame) -> list[str]:
-    """The notes on which clients the scores cover: untrained clients' rule, clients not scored."""
-    return [n for n in (untrained_note(frame), unscored_note(frame)) if n]
+    """The notes on which clients the scores cover: untrained clients' rule, clients not scored; and how
+    fine-tuning rows were made."""
+    return [n for n in (untrained_note(frame), unscored_note(frame), finetune_note(frame)) if n]
+
+
+def finetune_note(frame: pd.DataFrame) -> str:
+    """How the fine-tuning rows scored from another cell's final model were made (summary column
+    finetuned_from; absent in summaries written before rows were derived)."""
+    if "finetuned_from" not in frame:
+        return ""
+    ok = frame[(frame["status"] == "ok") & frame["finetuned_from"].notna() & (frame["kind"] == "personal")]
+    pairs = list(dict.fromkeys(zip(ok["label"], ok["finetuned_from"])))
+    return " ".join(f"{label} (personal) is {base}'s final model with each client's head fine-tuned after training, "
+                    f"scored in a job of its own ({base} was not trained twice)." for label, base in pairs)
 
 
 #: Largest summary.csv `fedrepro tables` reads (10,000 cells x a few kinds x ~40 columns: tens of MB).

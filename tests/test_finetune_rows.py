@@ -1,0 +1,220 @@
+"""Fine-tuning rows derived from a finished cell's final model (issue 38; fedrepro.engine.finetune).
+
+A `*_ft` row scored only at its last round is computed by `fedrepro finetune` from its base cell's
+final_model.pt; its metrics.json must be the one training the row in full writes (resources aside)."""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from fedrepro.cli import main
+from fedrepro.config import resolve_experiment
+from fedrepro.data.datasets import load_dataset
+from fedrepro.data.shards import write_partition
+from fedrepro.engine.finetune import FINAL_MODEL, base_problem
+from fedrepro.registry import ConfigError
+from fedrepro.report.aggregate import summary_frame
+from fedrepro.report.tables import finetune_note
+
+from conftest import REPO, tiny_config
+
+
+def strip_timing(metrics: dict) -> dict:  # as tests/test_faults.py
+    return {k: v for k, v in metrics.items() if k != "resources"}
+
+
+def ft_config() -> dict:
+    """Default-experiment-like, tiny: partial participation (clients untrained at the end, scored by
+    the 'personalize' rule), an unseen client, a validation split, the union test set, and a
+    fine-tuning row scored only after training while its base scores every other round."""
+    cfg = tiny_config(rounds=2, participation=0.5, eval_every=1, personal_eval_every=2, global_test=["union"])
+    cfg["partitions"]["dir"]["num_clients"] = 5
+    cfg["partitions"]["dir"]["unseen_clients"] = 1
+    cfg["methods"] = {"fedavg": {}, "fedavg_ft": {"hparams": {"ft_epochs": 2}, "training": {"personal_eval_every": 3}},
+                      "fedprox": {"hparams": {"mu": 0.1}},
+                      "fedprox_ft": {"hparams": {"mu": 0.1, "ft_epochs": 2, "ft_fresh_head": True},
+                                     "training": {"personal_eval_every": 3}},
+                      "ditto": {}, "ditto_ft": {"finetune": "ditto", "hparams": {"ft_epochs": 2}}}  # "+FT" of any method
+    return cfg
+
+
+@pytest.fixture(scope="module")
+def ft_exp(tmp_path_factory):
+    exp = resolve_experiment(ft_config())
+    part = exp["partitions"][0]
+    shards = tmp_path_factory.mktemp("ftshards") / part["id"]
+    write_partition(load_dataset("digits", tmp_path_factory.mktemp("ftraw")), part["spec"], shards)
+    return shards, {c["label"]: c for c in exp["cells"]}
+
+
+def train(cell: dict, shards: Path, out: Path) -> dict:
+    assert main(["train", "--cell", json.dumps(cell), "--shards", str(shards), "--out-dir", str(out), "--threads", "1"]) == 0
+    return json.loads((out / "metrics.json").read_text())
+
+
+def finetune(cell: dict, base: dict, shards: Path, out: Path, final: Path) -> int:
+    return main(["finetune", "--cell", json.dumps(cell), "--base-cell", json.dumps(base), "--final-model", str(final),
+                 "--shards", str(shards), "--out-dir", str(out), "--threads", "1"])
+
+
+@pytest.fixture(scope="module")
+def trained(ft_exp, tmp_path_factory):
+    """The base cells and the fine-tuning rows trained in full (today's path), once."""
+    shards, cells = ft_exp
+    root = tmp_path_factory.mktemp("ftruns")
+    return {label: train(c, shards, root / label) for label, c in cells.items() if "finetune" not in c} | {"_root": root}
+
+
+@pytest.mark.parametrize("label,base", [("fedavg_ft", "fedavg"), ("fedprox_ft", "fedprox")])
+def test_derived_row_is_byte_identical_to_the_trained_row(ft_exp, trained, tmp_path, label, base):
+    shards, cells = ft_exp
+    root = trained["_root"]
+    assert (root / base / FINAL_MODEL).is_file()
+    assert finetune(cells[label], cells[base], shards, tmp_path, root / base / FINAL_MODEL) == 0
+    derived = json.loads((tmp_path / "metrics.json").read_text())
+    full = trained[label]
+    assert json.dumps(strip_timing(derived)) == json.dumps(strip_timing(full))
+    # the case is not trivial: fine-tuned, personalized-rule, unseen and union scores are all there
+    assert full["clients"]["scored_by"].count("personalize") == 2 and full["curves"]["round"] == [1, 2]
+    assert full["curves"]["personal_acc"]["mean"][0] is None
+    assert full["summary"]["personal_acc"]["mean"] is not None and "unseen_personal_acc" in full["summary"]
+    assert "union_personal_acc" in full["summary"] and full["best_val"] is not None
+    assert derived["resources"]["train_time_s"] == 0.0 and derived["resources"]["finetuned_from"] == base
+    note = finetune_note(summary_frame([trained[base], derived]))  # the tables' note says how the row was made
+    assert note.startswith(f"{label} (personal) is {base}'s final model") and finetune_note(summary_frame([full])) == ""
+    prov = json.loads((tmp_path / "provenance.json").read_text())
+    assert prov["derived_from"]["identity"]["label"] == base
+
+
+def test_final_model_of_another_cell_is_refused(ft_exp, trained, tmp_path, capsys):
+    shards, cells = ft_exp
+    foreign = trained["_root"] / "fedprox" / FINAL_MODEL  # fedprox's model offered as fedavg's
+    assert finetune(cells["fedavg_ft"], cells["fedavg"], shards, tmp_path, foreign) == 2
+    err = capsys.readouterr().err
+    assert "belongs to another cell" in err and "fedprox" in err and "Traceback" not in err
+    assert not (tmp_path / "metrics.json").exists()
+    other_seed = copy.deepcopy(cells["fedavg"]) | {"seed": 1}  # same label, another seed
+    assert finetune(cells["fedavg_ft"] | {"seed": 1}, other_seed, shards, tmp_path, trained["_root"] / "fedavg" / FINAL_MODEL) == 2
+    assert "field 'seed' is 0, expected 1" in capsys.readouterr().err
+
+
+def test_damaged_final_model_is_refused(ft_exp, trained, tmp_path, capsys):
+    shards, cells = ft_exp
+    bad = tmp_path / FINAL_MODEL
+    bad.write_bytes((trained["_root"] / "fedavg" / FINAL_MODEL).read_bytes()[:200])
+    assert finetune(cells["fedavg_ft"], cells["fedavg"], shards, tmp_path / "out", bad) == 2
+    err = capsys.readouterr().err
+    assert "truncated or damaged" in err and "Traceback" not in err
+    state = torch.load(trained["_root"] / "fedavg" / FINAL_MODEL, weights_only=True)
+    state["history"] = state["history"][:-1]  # this cell's identity, but not its finished run
+    torch.save(state, bad)
+    assert finetune(cells["fedavg_ft"], cells["fedavg"], shards, tmp_path / "out", bad) == 2
+    assert "inconsistent with the cell's 2 rounds" in capsys.readouterr().err
+
+
+def test_base_without_final_model_keeps_or_trains_the_row(ft_exp, trained, tmp_path, capsys):
+    """An experiment trained before final models were kept: the row's own finished metrics.json is
+    kept; without it the row is trained in full (the same result)."""
+    shards, cells = ft_exp
+    absent = tmp_path / "old_base" / FINAL_MODEL
+    kept = tmp_path / "kept"
+    kept.mkdir()
+    text = (trained["_root"] / "fedavg_ft" / "metrics.json").read_text()
+    (kept / "metrics.json").write_text(text)
+    assert finetune(cells["fedavg_ft"], cells["fedavg"], shards, kept, absent) == 0
+    assert "kept" in capsys.readouterr().err and (kept / "metrics.json").read_text() == text
+    assert finetune(cells["fedavg_ft"], cells["fedavg"], shards, tmp_path / "full", absent) == 0
+    assert "training fedavg_ft in full" in capsys.readouterr().err
+    redone = json.loads((tmp_path / "full" / "metrics.json").read_text())
+    assert strip_timing(redone) == strip_timing(json.loads(text))
+    # a "+FT" row has no trained form: its base must be retrained
+    assert finetune(cells["ditto_ft"], cells["ditto"], shards, tmp_path / "d", absent) == 2
+    assert "retrain it" in capsys.readouterr().err
+
+
+def test_final_model_file_holds_only_weights_and_identity(trained):
+    state = torch.load(trained["_root"] / "fedavg" / FINAL_MODEL, weights_only=True)
+    assert state["identity"]["label"] == "fedavg" and state["round"] == 2
+    assert set(state) == {"identity", "round", "server", "rng", "history", "per_round"}
+
+
+def test_base_must_match_the_row(ft_exp):
+    _, cells = ft_exp
+    assert base_problem(cells["fedavg_ft"], cells["fedavg"]) is None
+    assert "fine-tunes 'fedavg'" in base_problem(cells["fedavg_ft"], cells["fedprox"])
+    early = copy.deepcopy(cells["fedavg_ft"])
+    early["training"]["personal_eval_every"] = 1  # a per-round fine-tuned curve: keeps training
+    assert "during training" in base_problem(early, cells["fedavg"])
+    other = copy.deepcopy(cells["fedavg_ft"])
+    other["training"]["local_epochs"] = 2
+    assert "training differs" in base_problem(other, cells["fedavg"])
+
+
+def test_plus_ft_row_of_a_method_without_ft_variant(ft_exp, trained, tmp_path, capsys):
+    shards, cells = ft_exp
+    row, final = cells["ditto_ft"], trained["_root"] / "ditto" / FINAL_MODEL
+    assert row["method"] == "ditto" and row["finetune"] == "ditto" and row["hparams"]["ft_epochs"] == 2
+    assert base_problem(row, cells["ditto"]) is None
+    for out in ("a", "b"):
+        assert finetune(row, cells["ditto"], shards, tmp_path / out, final) == 0
+    got = json.loads((tmp_path / "a" / "metrics.json").read_text())
+    again = json.loads((tmp_path / "b" / "metrics.json").read_text())
+    assert strip_timing(got) == strip_timing(again)  # deterministic
+    ditto = trained["ditto"]
+    assert got["cell"]["label"] == "ditto_ft" and got["cell"]["method"] == "ditto"
+    for name in ("global_acc", "global_f1"):  # ditto's global model, as ditto's own cell scored it
+        assert got["curves"][name] == ditto["curves"][name]
+    assert got["curves"]["personal_acc"]["mean"][0] is None  # fine-tuned once, after training
+    assert got["summary"]["personal_acc"]["mean"] != ditto["summary"]["personal_acc"]["mean"]  # not ditto's personal models
+    # the row is never trained as a cell: its method would be ditto's, without fine-tuning
+    assert main(["train", "--cell", json.dumps(row), "--shards", str(shards), "--out-dir", str(tmp_path / "t")]) == 2
+    assert "fine-tuning row of label 'ditto'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("entry,words", [
+    ({"finetune": "local"}, ["methods.x_ft.finetune", "'local'", "no global model"]),
+    ({"finetune": "nope"}, ["methods.x_ft.finetune", "'nope'", "allowed: another label"]),
+    ({"finetune": "fedavg_ft"}, ["'fedavg_ft'", "fine-tunes already"]),
+    ({"finetune": "fedavg", "training": {"rounds": 1}}, ["methods.x_ft.training", "beside 'finetune'"]),
+    ({"finetune": "fedavg", "hparams": {"mu": 1}}, ["methods.x_ft.hparams", "mu", "ft_epochs"]),
+])
+def test_plus_ft_config_errors(entry, words):
+    cfg = tiny_config()
+    cfg["methods"]["x_ft"] = entry
+    with pytest.raises(ConfigError) as err:
+        resolve_experiment(cfg)
+    assert all(w in str(err.value) for w in words), str(err.value)
+
+
+# -- the workflow -----------------------------------------------------------------------------------
+
+def workflow_config(tmp_path: Path) -> Path:
+    cfg = yaml.safe_load((REPO / "config" / "test.yaml").read_text())
+    cfg["experiment"] = "ftrows"
+    cfg["partitions"] = {"dir0.5": cfg["partitions"]["dir0.5"]}
+    cfg["seeds"] = [0]
+    cfg["training"]["rounds"] = 2
+    cfg["methods"]["fedavg_ft"]["training"] = {"personal_eval_every": 2}  # scored after training only: derived
+    path = tmp_path / "ftrows.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def test_workflow_plans_the_row_after_its_base_without_training_it(tmp_path):
+    from test_workflow import snakemake
+
+    config = workflow_config(tmp_path)
+    dag = snakemake("--dag", "dot", "--configfile", str(config), "--cores", "2", cwd=tmp_path).stdout
+    jobs = {n: (rule, label) for n, rule, label in re.findall(r'^\s*(\d+)\[label = "(\w+)(?:\\nlabel: (\w+))?', dag, re.M)}
+    edges = set(re.findall(r"^\s*(\d+) -> (\d+)$", dag, re.M))
+    assert sorted(job for job in jobs.values() if job[0] in ("train", "finetune")) == [
+        ("finetune", "fedavg_ft"), ("train", "fedavg"), ("train", "local")]  # fedavg_ft is not trained again
+    node = {job: n for n, job in jobs.items()}
+    assert (node["train", "fedavg"], node["finetune", "fedavg_ft"]) in edges  # after its base's training job
