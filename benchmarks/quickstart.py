@@ -45,7 +45,8 @@ def run_once(config_text: str, keep: bool) -> dict:
         m = json.loads(metrics.read_text())
         r = m["resources"]
         label = m["cell"]["label"]
-        bench = next(exp.glob(f"benchmarks/train/*_{label}_seed{m['cell']['seed']}.tsv"))
+        # a training job's, or a fine-tuning row's job (rule finetune: scored from its base's final model)
+        bench = next(exp.glob(f"benchmarks/*/*_{label}_seed{m['cell']['seed']}.tsv"))
         job_s = float(bench.read_text().splitlines()[1].split("\t")[0])
         cells[label] = {"job_s": round(job_s, 1), "train_s": round(r["train_time_s"], 1), "eval_s": round(r["eval_time_s"], 1),
                         "personal_eval_s": round(r.get("personal_eval_time_s") or 0.0, 1),

@@ -75,6 +75,8 @@ rule finetune:
         "../envs/fedrepro.yaml"
     log:
         f"{OUT}/logs/finetune/{{dataset}}/{{partition}}/{{label}}/seed{{seed}}.log",
+    benchmark:
+        f"{OUT}/benchmarks/finetune/{{dataset}}_{{partition}}_{{label}}_seed{{seed}}.tsv"
     params:
         cell=cell_json,
         base=base_cell_json,
