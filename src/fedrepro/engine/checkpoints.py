@@ -47,11 +47,16 @@ def save(engine, history: list, per_round: dict) -> None:
     """Write the checkpoint after the current round (nothing without a checkpoint path)."""
     if engine.checkpoint_path is None:
         return
-    state = {"identity": identity(engine), "round": engine.round, "server": engine.method.server,
-             "clients": {c.id: c.state for c in engine.clients}, "history": history, "per_round": per_round}
-    # through a file object: a full disk is then the OSError ENOSPC that atomic_path names the
-    # file for (torch's own file writer reports it as "unexpected pos")
-    with atomic_path(engine.checkpoint_path) as tmp, open(tmp, "wb") as fh:
+    write_state(engine.checkpoint_path, {
+        "identity": identity(engine), "round": engine.round, "server": engine.method.server,
+        "clients": {c.id: c.state for c in engine.clients}, "history": history, "per_round": per_round})
+
+
+def write_state(path: Path, state: dict[str, Any]) -> None:
+    """Write a fedrepro state file (a checkpoint, a final model) atomically with torch.save, through a
+    file object: a full disk is then the OSError ENOSPC that atomic_path names the file for (torch's
+    own file writer reports it as "unexpected pos"). `read_state` reads it back."""
+    with atomic_path(path) as tmp, open(tmp, "wb") as fh:
         torch.save(state, fh)
 
 

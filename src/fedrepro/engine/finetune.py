@@ -30,7 +30,6 @@ from typing import Any
 
 import torch
 
-from ..io import atomic_path
 from ..registry import ConfigError
 
 #: The final-model file a cell with a global model keeps beside its metrics.json.
@@ -52,10 +51,10 @@ def final_state(engine) -> dict[str, Any]:
 
 def save_final(engine, path: Path, identity: dict[str, Any]) -> None:
     """Write the cell's final model (atomically, with torch.save) carrying the cell's `identity`."""
+    from .checkpoints import write_state
+
     history, per_round = engine.final_records
-    state = {"identity": identity, **engine.final_state, "history": history, "per_round": per_round}
-    with atomic_path(path) as tmp, open(tmp, "wb") as fh:  # a file object: a full disk is an ENOSPC naming the file
-        torch.save(state, fh)
+    write_state(path, {"identity": identity, **engine.final_state, "history": history, "per_round": per_round})
 
 
 # -- which rows are derived ---------------------------------------------------------------------------
