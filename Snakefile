@@ -25,11 +25,12 @@ include: "workflow/rules/papers.smk"
 
 # The landing page of `snakemake --report`: the main table and the learning curves (the
 # report_page rule writes it with the results; the static text until then).
-report: report_description()
+report: PLAN.report_description()
 
 
 rule all:
     default_target: True
     input:
-        final_outputs(),
+        PLAN.final_outputs(),
+        TUNING.outputs(),
         paper_outputs(),

@@ -41,8 +41,8 @@ Rows, all in one process on the same device and client tensors:
 
 --split M ...: per method (and per --paths, default sequential: interleaved, so the paths of
 a method see the same machine load), one row of seconds per round split into training steps
-(`Engine.fit`/`fit_many`), extra passes (`features`, `fit_head`, `forward_with`), parameter
-copies (`get_params`/`set_params`), evaluation predictions (`predict`, `_probs`),
+(training.fit/fit_many), extra passes (`features`, `fit_head`, `forward_with`), parameter
+copies (`get_params`/`set_params`), evaluation predictions (evaluation.predict, probs),
 personalization inside the evaluation (fits and copies there) and the rest (method logic,
 metrics, Python). Timing is wall-clock on a possibly shared machine: compare ratios within
 one run.
@@ -75,6 +75,7 @@ from parity_pfllib import FEDREPRO_TRAINING, partition_config  # noqa: E402  (th
 from fedrepro.config import resolve_experiment  # noqa: E402
 from fedrepro.data.datasets import load_dataset, prepare_dataset  # noqa: E402
 from fedrepro.data.shards import load_partition, write_partition  # noqa: E402
+from fedrepro.engine import beyond, embedding, evaluation, loop, training  # noqa: E402
 from fedrepro.engine.data import load_clients  # noqa: E402
 from fedrepro.engine.engine import Engine, use_layout  # noqa: E402
 from fedrepro.engine.run import pick_device, set_determinism  # noqa: E402
@@ -172,7 +173,7 @@ def engine_row(args, manifest, shards, device, clients: int, batch: int, path: s
     engine = Engine(cell, manifest, data, device, progress=False)
     engine.method.setup()
     engine.round = 1
-    warm = lambda: engine.method.aggregate(engine.train_round(1)[0])
+    warm = lambda: engine.method.aggregate(loop.train_round(engine, 1)[0])
     memory = round_memory(warm, device)  # the warm-up round (compilation, allocator): not timed
     split = profile_split(warm, device)
     # The timed run reuses the warmed-up engine (its compiled model object, allocator): FedAvg
@@ -241,23 +242,34 @@ def central_row(args, manifest, shards, device, clients: int, batch: int) -> dic
 
 # -- per-method split ------------------------------------------------------------------------
 
-BUCKETS = {"fit": "train steps", "fit_many": "train steps", "features": "extra passes", "fit_head": "extra passes",
-           "forward_with": "extra passes", "get_params": "copies", "set_params": "copies",
-           "predict": "eval predictions", "_probs": "eval predictions"}
-EVAL_ENTRY = ("evaluate", "evaluate_beyond")
+BUCKETS = {(training, "fit"): "train steps", (training, "fit_many"): "train steps", (training, "features"): "extra passes",
+           (training, "fit_head"): "extra passes", (training, "forward_with"): "extra passes",
+           (training, "get_params"): "copies", (training, "set_params"): "copies",
+           (evaluation, "predict"): "eval predictions", (evaluation, "probs"): "eval predictions"}
+EVAL_ENTRY = ((evaluation, "evaluate"), (beyond, "evaluate_beyond"))
+#: The engine's rooms: where the tools above are defined and where other rooms imported them by name.
+ROOMS = (training, evaluation, beyond, embedding, loop)
+
+
+def _replace(old, new) -> None:
+    """`old` replaced by `new` wherever a room holds it (its own module and the rooms that imported it)."""
+    for room in ROOMS:
+        for name, value in list(vars(room).items()):
+            if value is old:
+                setattr(room, name, new)
 
 
 @contextmanager
 def instrument(device: torch.device):
-    """Exclusive wall time per bucket of the Engine's tools (a nested tool's time goes to the
+    """Exclusive wall time per bucket of the engine's tools (a nested tool's time goes to the
     nested tool); inside the evaluation, training and copies count as 'eval personalization'."""
     times: dict[str, float] = defaultdict(float)
     stack: list[list] = []  # [bucket, start, child time]
     in_eval = [0]
-    originals = {name: getattr(Engine, name) for name in list(BUCKETS) + list(EVAL_ENTRY)}
+    originals = {key: getattr(*key) for key in list(BUCKETS) + list(EVAL_ENTRY)}
 
     def wrap(name, fn):
-        def timed(self, *a, **kw):
+        def timed(*a, **kw):
             is_eval = name in EVAL_ENTRY
             bucket = "eval other" if is_eval else BUCKETS[name]
             if in_eval[0] and bucket in ("train steps", "extra passes", "copies"):
@@ -267,7 +279,7 @@ def instrument(device: torch.device):
             frame = [bucket, time.perf_counter(), 0.0]
             stack.append(frame)
             try:
-                out = fn(self, *a, **kw)
+                out = fn(*a, **kw)
                 if hasattr(out, "__next__"):  # a generator: time its consumption where it is consumed
                     out = list(out)
                 return out
@@ -281,13 +293,14 @@ def instrument(device: torch.device):
                     stack[-1][2] += spent
         return timed
 
-    for name, fn in originals.items():
-        setattr(Engine, name, wrap(name, fn))
+    wrapped = {key: wrap(key, fn) for key, fn in originals.items()}
+    for key, fn in originals.items():
+        _replace(fn, wrapped[key])
     try:
         yield times
     finally:
-        for name, fn in originals.items():
-            setattr(Engine, name, fn)
+        for key, fn in originals.items():
+            _replace(wrapped[key], fn)
 
 
 def split_row(args, manifest, shards, device, clients: int, batch: int, method: str, path: str) -> dict:

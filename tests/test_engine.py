@@ -81,7 +81,7 @@ def test_fedavg_round_equals_manual_average(tiny_partition, make_cell):
     start = {k: v.clone() for k, v in eng.method.server["global"].items()}
     updates = []
     for cid in eng.schedule[0]:
-        eng._stream = 0
+        eng.streams.start_client()
         updates.append(eng.method.local_update(eng.clients[cid], eng.method.broadcast(eng.clients[cid])))
     eng.method.aggregate(updates)
     total = sum(u.num_samples for u in updates)
@@ -195,10 +195,10 @@ def test_diverging_run_is_recorded_as_failed(tiny_partition, make_cell, tmp_path
 
 
 def test_crash_leaves_no_metrics(tiny_partition, make_cell, tmp_path, monkeypatch):
-    def boom(self, **kwargs):
+    def boom(engine, **kwargs):
         raise RuntimeError("disk on fire")
 
-    monkeypatch.setattr(Engine, "evaluate", boom)
+    monkeypatch.setattr("fedrepro.engine.evaluation.evaluate", boom)  # the round loop calls it
     with pytest.raises(RuntimeError):
         train_cell(make_cell("fedavg"), tiny_partition[0], tmp_path, progress=False)
     assert not (tmp_path / "metrics.json").exists()

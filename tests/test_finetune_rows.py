@@ -184,6 +184,8 @@ def test_plus_ft_row_of_a_method_without_ft_variant(ft_exp, trained, tmp_path, c
     ({"finetune": "fedavg_ft"}, ["'fedavg_ft'", "fine-tunes already"]),
     ({"finetune": "fedavg", "training": {"rounds": 1}}, ["methods.x_ft.training", "beside 'finetune'"]),
     ({"finetune": "fedavg", "hparams": {"mu": 1}}, ["methods.x_ft.hparams", "mu", "ft_epochs"]),
+    ({"finetune": "fedavg", "sweep": {"training.optimizer.lr": [0.1, 0.2]}},
+     ["methods.x_ft.sweep.training.optimizer.lr", "hparams keys (ft_*) only"]),
 ])
 def test_plus_ft_config_errors(entry, words):
     cfg = tiny_config()
@@ -191,6 +193,20 @@ def test_plus_ft_config_errors(entry, words):
     with pytest.raises(ConfigError) as err:
         resolve_experiment(cfg)
     assert all(w in str(err.value) for w in words), str(err.value)
+
+
+def test_plus_ft_row_sweeps_its_fine_tuning_hparams(capsys, tmp_path):
+    """A "+FT" row with a sweep of its ft_* hparams: one derived row per value, each from the same base."""
+    cfg = tiny_config()
+    cfg["methods"]["x_ft"] = {"finetune": "fedavg", "sweep": {"hparams.ft_epochs": [1, 2]}}
+    rows = {c["label"]: c for c in resolve_experiment(cfg)["cells"] if c.get("finetune")}
+    assert {label: (c["method"], c["hparams"]["ft_epochs"]) for label, c in rows.items()} == {
+        "x_ft-ft_epochs1": ("fedavg", 1), "x_ft-ft_epochs2": ("fedavg", 2)}
+    path = tmp_path / "sweep.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    assert main(["validate", str(path)]) == 0
+    assert "derived (fine-tuning rows scored from their base cell's final model, not trained: x_ft-ft_epochs1 <- fedavg, " \
+           "x_ft-ft_epochs2 <- fedavg)" in capsys.readouterr().out
 
 
 # -- the workflow -----------------------------------------------------------------------------------
@@ -218,3 +234,46 @@ def test_workflow_plans_the_row_after_its_base_without_training_it(tmp_path):
         ("finetune", "fedavg_ft"), ("train", "fedavg"), ("train", "local")]  # fedavg_ft is not trained again
     node = {job: n for n, job in jobs.items()}
     assert (node["train", "fedavg"], node["finetune", "fedavg_ft"]) in edges  # after its base's training job
+
+
+#: The last commit before fine-tuning rows were derived (issue 38): its workflow trained every row.
+BEFORE_DERIVED_ROWS = "69faaab"
+
+
+@pytest.mark.slow
+def test_experiment_finished_before_the_upgrade_retrains_nothing(tmp_path):
+    """The upgrade path with the real workflows: an experiment finished by the code before derived rows
+    (its Snakefile and package, from git) is rerun by today's. No cell trains again; the fine-tuning
+    row's job keeps the row's metrics.json (its base kept no final model), byte for byte."""
+    import io
+    import os
+    import subprocess
+    import sys
+    import tarfile
+
+    from test_workflow import snakemake
+
+    old = tmp_path / "old"
+    archive = subprocess.run(["git", "archive", BEFORE_DERIVED_ROWS], cwd=REPO, capture_output=True, check=True).stdout
+    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+        tar.extractall(old, filter="data")
+    work = tmp_path / "work"
+    work.mkdir()
+    config = workflow_config(work)
+    env = {**os.environ, "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"],
+           "PYTHONPATH": str(old / "src")}  # the old package first: its `fedrepro` jobs too
+    proc = subprocess.run([sys.executable, "-m", "snakemake", "-s", str(old / "Snakefile"), "--directory", str(work),
+                           "--configfile", str(config), "--cores", "2", "--set-threads", "train=1"],
+                          cwd=work, env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    runs = work / "results" / "ftrows" / "runs" / "digits" / "dir0.5"
+    before = {label: (runs / label / "seed0" / "metrics.json").read_bytes() for label in ("local", "fedavg", "fedavg_ft")}
+    assert not (runs / "fedavg" / "seed0" / FINAL_MODEL).exists()  # the old code kept no final model
+
+    again = snakemake("--configfile", str(config), "--cores", "2", "--set-threads", "train=1", "finetune=1", cwd=work)
+    log = again.stdout + again.stderr
+    assert "training cell" not in log and re.search(r"Finished jobid: \d+ \(Rule: finetune\)", log), log[-4000:]
+    after = {label: (runs / label / "seed0" / "metrics.json").read_bytes() for label in before}
+    assert after == before
+    row_log = work / "results" / "ftrows" / "logs" / "finetune" / "digits" / "dir0.5" / "fedavg_ft" / "seed0.log"
+    assert "is already this row's (trained in full): kept" in row_log.read_text()

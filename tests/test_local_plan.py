@@ -18,7 +18,7 @@ import yaml
 
 from conftest import REPO
 from fedrepro import local_plan
-from fedrepro.local_plan import CELL_GPU_MIB, MAX_CELLS_PER_GPU, TRAINING_RULES, plan, visible_gpus
+from fedrepro.local_plan import CELL_GPU_MIB, CPU_CELL_THREADS, MAX_CELLS_PER_GPU, TRAINING_RULES, plan, visible_gpus
 
 PROFILE = REPO / "workflow" / "profiles" / "local"
 GIB = 1024
@@ -27,11 +27,14 @@ GIB = 1024
 # ------------------------------------------------------------------ the plan (pure)
 
 
-def test_without_gpu_cells_run_side_by_side_at_one_thread_bounded_by_cores():
-    p = plan(cores=2, gpus_free_mib=[])
+def test_without_gpu_cells_run_side_by_side_at_two_threads_bounded_by_cores():
+    p = plan(cores=32, gpus_free_mib=[])
     assert p.gpu_slots is None and p.resources() is None  # no slot limit: --cores bounds the cells
-    assert p.threads == 1 and p.set_threads() == {rule: 1 for rule in TRAINING_RULES}
-    assert "no GPU" in p.line and "as many as --cores allows" in p.line and "1 thread each" in p.line
+    # the threads every cell trained at before the plan existed: the same numbers as recorded
+    assert p.threads == CPU_CELL_THREADS == 2 and p.set_threads() == {rule: 2 for rule in TRAINING_RULES}
+    assert "no GPU" in p.line and "as many as --cores allows (16 at once on 32 cores)" in p.line and "2 threads each" in p.line
+    small = plan(cores=2, gpus_free_mib=[])  # the quick start's machine: one 2-thread cell at a time, said so
+    assert small.gpu_slots is None and "one at a time (2 cores, 2 threads a cell)" in small.line
     # available memory caps it (2 GiB a cell), never the cores of this machine: --cores 8 on 2 cores
     assert plan(cores=2, gpus_free_mib=[], host_free_mib=64 * GIB).gpu_slots == 32
     capped = plan(cores=32, gpus_free_mib=[], host_free_mib=12 * GIB)
@@ -165,7 +168,7 @@ def test_no_gpu_profile_leaves_cells_to_cores(machine, capsys):
     machine.setenv("CUDA_VISIBLE_DEVICES", "")
     args = parse_profile("--cores", "8")
     assert values(args.resources) == {"gpu_slots": 15}  # 30 GiB at 2 GiB a cell: not the limit at --cores 8
-    assert values(args.set_threads) == {rule: 1 for rule in TRAINING_RULES} and args.cores == 8
+    assert values(args.set_threads) == {rule: 2 for rule in TRAINING_RULES} and args.cores == 8
     assert "no GPU; training cells run side by side" in capsys.readouterr().err
 
 
@@ -207,7 +210,7 @@ def test_profile_file_asks_the_plan_after_the_guard():
 @pytest.mark.slow
 def test_with_cores_8_and_no_gpu_cells_train_side_by_side(tmp_path):
     """4 tiny cells with the local profile and `--cores 8` on this (2-core) machine, no GPU
-    visible: they train at once, one thread each, and the plan is said once for the whole run."""
+    visible: they train at once, 2 threads each (4 at once), and the plan is said once for the whole run."""
     from test_faults import tiny_config
     from test_slurm import job_times
 
@@ -227,7 +230,7 @@ def test_with_cores_8_and_no_gpu_cells_train_side_by_side(tmp_path):
     spans = {str(run.relative_to(tmp_path)): times[f"{run.relative_to(tmp_path)}/metrics.json"] for run in runs}
     for run in runs:
         provenance = yaml.safe_load((run / "provenance.json").read_text())
-        assert provenance["torch"]["num_threads"] == 1, run
+        assert provenance["torch"]["num_threads"] == CPU_CELL_THREADS, run
         assert "fedrepro: local profile" not in (tmp_path / "results" / "sidebyside" / "logs" / "train").joinpath(
             *run.relative_to(tmp_path / "results" / "sidebyside" / "runs").parts[:-1], f"{run.name}.log").read_text()
     t0 = min(start for start, _ in spans.values())

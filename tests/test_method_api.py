@@ -11,6 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from fedrepro.engine import checkpoints
 from fedrepro.engine.data import Client
 from fedrepro.methods import Method, Update, select, weighted_average
 from fedrepro.methods.fedavg import FedAvg
@@ -150,7 +151,7 @@ def test_partial_sharing_uploads_only_the_extractor_and_keeps_heads_apart(tiny_p
 
 def test_per_client_state_survives_a_checkpoint(tiny_partition, make_cell, tmp_path):
     eng = engine_for(make_cell("fedavg", rounds=2, checkpoint_every=1), tiny_partition[0])
-    eng.checkpoint_path = tmp_path / "ck.pt"
+    eng.checkpoint.path = tmp_path / "ck.pt"
     eng.method = ControlVariates(eng, {})
     eng.method.setup()
     eng.round = 1
@@ -158,11 +159,11 @@ def test_per_client_state_survives_a_checkpoint(tiny_partition, make_cell, tmp_p
         eng.method.local_update(eng.clients[cid], eng.method.broadcast(eng.clients[cid]))
     # records consistent with one finished round, as the checkpoint check requires
     history = [{"round": 1, "train_loss": 0.5}] if eng.training["eval_every"] == 1 else []
-    eng.save_checkpoint(history, {"up": [0], "down": [0], "train_loss": [0.5]})
+    checkpoints.save(eng, history, {"up": [0], "down": [0], "train_loss": [0.5]})
     fresh = engine_for(make_cell("fedavg", rounds=2, checkpoint_every=1), tiny_partition[0])
-    fresh.checkpoint_path = eng.checkpoint_path
+    fresh.checkpoint.path = eng.checkpoint.path
     fresh.method = ControlVariates(fresh, {})
-    assert fresh.load_checkpoint() is not None
+    assert checkpoints.load(fresh) is not None
     for a, b in zip(eng.clients, fresh.clients):
         assert all(torch.equal(a.state["c"][k], b.state["c"][k]) for k in a.state["c"])
     assert all(torch.equal(eng.method.server["c"][k], fresh.method.server["c"][k]) for k in eng.method.server["c"])

@@ -8,6 +8,7 @@ import math
 import pytest
 import torch
 
+from fedrepro.engine import training
 from fedrepro.methods import METHODS
 from fedrepro.methods import fedala as fedala_mod
 from fedrepro.methods.fedala import mix, weight_step
@@ -83,7 +84,7 @@ def test_fedamp_proximal_term_pulls_towards_the_cloud_model(tiny_partition, make
     # The hook the client trains with adds (lambda / alpha_K) * (w - u_i) to every gradient.
     engine = method_engine(tiny_partition, make_cell, "fedamp", lamda=3.0, alphaK=2.0)
     hooks = []
-    monkeypatch.setattr(engine, "fit", lambda client, **kw: hooks.append(kw.get("before_step")) or type("R", (), {"loss": 0.0})())
+    monkeypatch.setattr(training, "fit", lambda engine, client, **kw: hooks.append(kw.get("before_step")) or type("R", (), {"loss": 0.0})())
     u = {k: torch.zeros_like(v) for k, v in engine.method.server["init"].items()}
     engine.method.local_update(engine.clients[0], u)
     model = engine.model

@@ -12,6 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from fedrepro.engine import training
 from fedrepro.engine.engine import Batch
 from fedrepro.methods import Update, payload_bytes
 from fedrepro.methods import fedcosr
@@ -28,14 +29,14 @@ def make_engine(tiny_partition, make_cell, training=None, **hparams):
 
 
 def local_update(eng, client):
-    eng._stream = 0  # as the engine's loop does before every client
+    eng.streams.start_client()  # as the engine's loop does before every client
     return eng.method.local_update(client, eng.method.broadcast(client))
 
 
 def spy_fit(eng, monkeypatch):
     """Record the parameters local training starts from and the options it gets."""
-    fit, calls = eng.fit, []
-    monkeypatch.setattr(eng, "fit", lambda client, **kw: (calls.append({"start": eng.get_params(), **kw}), fit(client, **kw))[1])
+    fit, calls = training.fit, []  # where every fit runs (engine.fit and fit_many's client loop)
+    monkeypatch.setattr(training, "fit", lambda engine, client, **kw: (calls.append({"start": eng.get_params(), **kw}), fit(engine, client, **kw))[1])
     return calls
 
 

@@ -8,6 +8,7 @@ import math
 import pytest
 import torch
 
+from fedrepro.engine import checkpoints
 from fedrepro.engine.engine import Batch
 from fedrepro.methods import METHODS, Update, select
 from fedrepro.methods._finetune import FINETUNE_HPARAMS
@@ -30,7 +31,7 @@ def make_engine(tiny_partition, make_cell, **training):
 
 def local(eng, method, client, payload=None):
     """One local update as the engine runs it (batch streams restart for every client)."""
-    eng._stream = 0
+    eng.streams.start_client()
     return method.local_update(client, method.broadcast(client) if payload is None else payload)
 
 
@@ -148,13 +149,13 @@ def test_scaffold_round_trip_through_the_engine(tiny_partition, make_cell, tmp_p
     state loads back with weights_only=True."""
     eng = engine_for(make_cell("fedavg", rounds=2, checkpoint_every=1), tiny_partition[0])
     eng.method = with_method(eng, Scaffold)
-    eng.checkpoint_path = tmp_path / "ck.pt"
+    eng.checkpoint.path = tmp_path / "ck.pt"
     eng.method.setup()
     eng.round = 1
     ups = [local(eng, eng.method, eng.clients[cid]) for cid in eng.schedule[0]]
     eng.method.aggregate(ups)
-    eng.save_checkpoint([], {"up": [], "down": [], "train_loss": []})
-    state = torch.load(eng.checkpoint_path, weights_only=True)
+    checkpoints.save(eng, [], {"up": [], "down": [], "train_loss": []})
+    state = torch.load(eng.checkpoint.path, weights_only=True)
     assert all(torch.equal(state["server"]["c"][k], v) for k, v in eng.method.server["c"].items())
     assert any(v.abs().sum() > 0 for v in eng.method.server["c"].values())
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from fedrepro.engine import training
+
 from conftest import method_engine
 
 FAST = {"fedrep": {"head_epochs": 2}, "fedbabu": {"finetune_epochs": 2}}  # keep the tests small
@@ -41,7 +43,7 @@ def nbytes(params):
     ("fedrep", "extractor.", "head."),
     ("lg_fedavg", "head.", "extractor."),
 ])
-def test_only_the_shared_part_travels_and_each_client_keeps_its_own(tiny_partition, make_cell, name, shared, own):
+def test_only_the_shared_part_travels_and_each_client_keeps_its_own(tiny_partition, make_cell, monkeypatch, name, shared, own):
     eng = make_engine(tiny_partition, make_cell, name, rounds=2)
     init = eng.get_params()
     updates = record_updates(eng)
@@ -77,29 +79,29 @@ def test_only_the_shared_part_travels_and_each_client_keeps_its_own(tiny_partiti
 
     # local training starts from the received shared part + the client's own part, whatever
     # model the one model object held before
-    starts, fit = [], eng.fit
-    eng.fit = lambda client, **kw: (starts.append(eng.get_params()), fit(client, **kw))[1]
+    starts, fit = [], training.fit  # where every fit runs (engine.fit and fit_many's client loop)
+    monkeypatch.setattr(training, "fit", lambda engine, client, **kw: (starts.append(eng.get_params()), fit(engine, client, **kw))[1])
     eng.set_params(eng.method.personal_params(clients[1]))
     expected = eng.method.personal_params(clients[0])
     eng.method.local_update(clients[0], eng.method.broadcast(clients[0]))
     assert equal(starts[0], expected)
 
 
-def test_fedrep_trains_the_head_first_on_a_frozen_extractor_then_the_extractor_on_a_frozen_head(tiny_partition, make_cell):
+def test_fedrep_trains_the_head_first_on_a_frozen_extractor_then_the_extractor_on_a_frozen_head(tiny_partition, make_cell, monkeypatch):
     eng = make_engine(tiny_partition, make_cell, "fedrep", rounds=1)
     eng.method.setup()
     eng.round = 1
-    phases, fit = [], eng.fit
+    phases, fit = [], training.fit
 
-    def instrumented(client, **kw):
+    def instrumented(engine, client, **kw):
         before = {k: v.detach().clone() for k, v in eng.model.named_parameters()}
-        result = fit(client, **kw)
+        result = fit(engine, client, **kw)
         after = {k: v.detach().clone() for k, v in eng.model.named_parameters()}
         changed = {p for p in ("extractor.", "head.") if not equal(part(before, p), part(after, p))}
         phases.append((tuple(kw.get("trainable", ("",))), kw.get("epochs"), changed))
         return result
 
-    eng.fit = instrumented
+    monkeypatch.setattr(training, "fit", instrumented)
     client = eng.clients[0]
     eng.method.local_update(client, eng.method.broadcast(client))
     assert phases == [(("head.",), 2, {"head."}), (("extractor.",), None, {"extractor."})]

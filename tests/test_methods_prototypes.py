@@ -13,6 +13,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from fedrepro.engine import evaluation, training
 from fedrepro.engine.engine import Batch, FitResult
 from fedrepro.methods import Update, payload_bytes
 from fedrepro.methods._prototypes import aggregate_prototypes, alignment_loss, nearest_prototype_head
@@ -30,7 +31,7 @@ def make_engine(tiny_partition, make_cell, name, **hparams):
 
 
 def local_update(eng, client):
-    eng._stream = 0  # as the engine's loop does before every client
+    eng.streams.start_client()  # as the engine's loop does before every client
     return eng.method.local_update(client, eng.method.broadcast(client))
 
 
@@ -132,8 +133,8 @@ def test_local_training_uses_the_alignment_loss_with_the_global_prototypes(tiny_
     present[[1, 4]] = True
     eng.method.server.update(protos=torch.arange(eng.num_classes * d, dtype=torch.float32).reshape(-1, d) / 100,
                              present=present)
-    fit, calls = eng.fit, []
-    monkeypatch.setattr(eng, "fit", lambda client, **kw: (calls.append(kw), fit(client, **kw))[1])
+    fit, calls = training.fit, []  # where every fit runs (engine.fit and fit_many's client loop)
+    monkeypatch.setattr(training, "fit", lambda engine, client, **kw: (calls.append(kw), fit(engine, client, **kw))[1])
     local_update(eng, eng.clients[0])
     (loss_fn,) = [kw["loss_fn"] for kw in calls if kw.get("loss_fn") is not None]  # one phase: the representation's
     g = torch.Generator().manual_seed(0)
@@ -164,7 +165,7 @@ def test_fedproto_personal_model_predicts_the_nearest_global_prototype(tiny_part
     present[[0, 2, 3, 5, 7, 8]] = True
     eng.method.server.update(protos=torch.rand(eng.num_classes, eng.model.feature_dim, generator=g), present=present)
     params = eng.method.personal_params(client)
-    pred = torch.as_tensor(eng.predict(params, client.test.x))
+    pred = torch.as_tensor(evaluation.predict(eng, params, client.test.x))
     # directly: the client's own representations, nearest global prototype
     eng.set_params(client.state["model"])
     feats = eng.features(client.test.x)
@@ -309,7 +310,7 @@ def test_fedgh_extractors_stay_private_and_the_global_head_replaces_the_local_on
     # next round, before its own training, the client's model = its own extractor + the global head
     eng.round = 2
     seen = {}
-    monkeypatch.setattr(eng, "fit", lambda client, **kw: (seen.update(eng.get_params()), FitResult(0.0, 0))[1])
+    monkeypatch.setattr(training, "fit", lambda engine, client, **kw: (seen.update(eng.get_params()), FitResult(0.0, 0))[1])
     eng.method.local_update(c0, payload)
     assert equal(part(seen, "extractor."), part(mine, "extractor."))
     assert equal(part(seen, "head."), eng.method.server["head"])

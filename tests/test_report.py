@@ -18,7 +18,7 @@ from fedrepro.report.aggregate import (
     write_curves_csv,
     write_summary,
 )
-from fedrepro.report.plots import _band, plot_client_distribution, plot_curves, plot_partition, plt
+from fedrepro.report.plots import plot_client_distribution, plot_curves, plot_partition, plt, seed_band
 from fedrepro.report.tables import DEFAULT_TABLES, pivot_table, write_tables
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -269,8 +269,8 @@ def test_curve_joins_the_rounds_a_sparse_column_scored(tmp_path):
     frame = curves_frame([cell])
     acc = frame[(frame["metric"] == "acc") & (frame["stat"] == "weighted_mean")]
     fig, ax = plt.subplots()
-    personal = _band(ax, acc[acc["kind"] == "personal"], 100.0)
-    glob = _band(ax, acc[acc["kind"] == "global"], 100.0)
+    personal = seed_band(ax, acc[acc["kind"] == "personal"], 100.0)
+    glob = seed_band(ax, acc[acc["kind"] == "global"], 100.0)
     plt.close(fig)
     assert list(personal.get_xdata()) == [2, 4] and list(personal.get_ydata()) == [50.0, 70.0]
     assert list(glob.get_xdata()) == [1, 2, 3, 4]

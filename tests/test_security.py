@@ -326,7 +326,7 @@ def test_real_numpy_pickles_still_load(tmp_path, protocol):
     path = tmp_path / "p.pkl"
     with open(path, "wb") as fh:
         pickle.dump((x, y), fh, protocol)
-    images, labels = dom._read_pkl_pair(path)
+    images, labels = dom.read_pkl_pair(path)
     np.testing.assert_array_equal(images, x)
     assert labels.tolist() == [3, 0]
 
@@ -337,7 +337,7 @@ def test_npy_files_holding_the_pair_load_without_pickle_execution(tmp_path):
     pair[0], pair[1] = x, y
     np.save(tmp_path / "p.npy", pair, allow_pickle=True)
     os.replace(tmp_path / "p.npy", tmp_path / "p.pkl")  # FedBN's .pkl files may be np.save output
-    images, labels = dom._read_pkl_pair(tmp_path / "p.pkl")
+    images, labels = dom.read_pkl_pair(tmp_path / "p.pkl")
     np.testing.assert_array_equal(images, x) and np.testing.assert_array_equal(labels, y)
 
 

@@ -67,3 +67,44 @@ def test_macro_f1_is_sklearns_to_the_bit(classes):
         y = rng.integers(0, classes, n)
         pred = np.where(rng.random(n) < rng.random(), y, rng.integers(0, classes + 2, n))  # also classes never true
         assert macro_f1(y, pred) == float(f1_score(y, pred, average="macro", zero_division=0))
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 7, 40, 61, 240, 1001])
+@pytest.mark.parametrize("test_size", [0.25, 0.1, 1 / 3, 0.5, 0.9])
+def test_shuffled_split_is_sklearns_train_test_split_to_the_bit(n, test_size):
+    from sklearn.model_selection import train_test_split
+
+    from fedrepro.data.partitioners import shuffled_split
+
+    indices = np.random.RandomState(n).permutation(5 * n)[:n] + 17
+    ours, theirs = np.random.RandomState(3), np.random.RandomState(3)
+    try:
+        expected = train_test_split(indices, test_size=test_size, shuffle=True, random_state=theirs)
+    except ValueError as exc:  # an empty train set: refused alike
+        with pytest.raises(ValueError, match="the resulting train set will be empty"):
+            shuffled_split(indices, test_size, ours)
+        assert "the resulting train set will be empty" in str(exc)
+        return
+    got = shuffled_split(indices, test_size, ours)
+    assert [a.tolist() for a in got] == [a.tolist() for a in expected] and [a.dtype for a in got] == [a.dtype for a in expected]
+    assert ours.randint(1 << 30) == theirs.randint(1 << 30)  # the generator is left where sklearn leaves it
+
+
+def test_partition_imports_neither_torch_nor_sklearn(tmp_path):
+    """The partition job (PFLlib's unstratified split, as the default experiment's) imports only what it
+    uses: no torch (only methods and models need it) and no scikit-learn (`shuffled_split`). The
+    synthetic dataset, since digits itself is read by scikit-learn."""
+    from conftest import tiny_config
+    from fedrepro.config import resolve_experiment
+
+    cfg = tiny_config()
+    cfg["datasets"] = {"synthetic": {"model": {"name": "mlp"}}}
+    cfg["partitions"]["dir"]["split"] = {"test_fraction": 0.25, "stratify": False}
+    spec = resolve_experiment(cfg)["partitions"][0]["spec"]
+    out = tmp_path / partition_id(spec)
+    code = ("import json, sys\nfrom fedrepro.cli import main\n"
+            f"code = main(['partition', '--spec', {json.dumps(spec)!r}, '--root', {str(tmp_path / 'raw')!r}, '--out', {str(out)!r}])\n"
+            "print(json.dumps([code] + [m for m in ('torch', 'sklearn', 'scipy') if m in sys.modules]))\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert json.loads(proc.stdout.splitlines()[-1]) == [0] and (out / "manifest.json").exists()

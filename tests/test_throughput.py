@@ -7,6 +7,7 @@ import pytest
 import torch
 import yaml
 
+from fedrepro.engine import loop
 from fedrepro.engine.vectorized import vectorize_blocker
 from fedrepro.methods import METHODS
 
@@ -24,7 +25,7 @@ def run_rounds(engine, rounds: int) -> list[list]:
     out = []
     for r in range(1, rounds + 1):
         engine.round = r
-        updates, _, _ = engine.train_round(r)
+        updates, _, _ = loop.train_round(engine, r)
         engine.method.aggregate(updates)
         out.append(updates)
     return out
@@ -113,7 +114,7 @@ def test_compiled_step_equals_eager(tiny_partition, make_cell):
     eager = method_engine(tiny_partition, make_cell, "fedavg")
     comp = method_engine(tiny_partition, make_cell, "fedavg", compile="aot_eager")
     u_e, u_c = run_rounds(eager, 1)[0], run_rounds(comp, 1)[0]
-    assert comp._compiled is not None and eager._compiled is None
+    assert comp.compiled.module is not None and eager.compiled.module is None
     for u, v in zip(u_e, u_c):
         assert v.loss == pytest.approx(u.loss, rel=1e-5)
         assert_close_params(u.params, v.params)
@@ -128,7 +129,7 @@ def test_compiled_step_equals_eager_for_partly_frozen_fits(tiny_partition, make_
         for u, v in zip(r_e, r_c):
             assert v.loss == pytest.approx(u.loss, rel=1e-5)
             assert_close_params(u.params, v.params)
-    assert comp._compiled is not None
+    assert comp.compiled.module is not None
 
 
 def test_cuda_graph_replays_skip_partly_frozen_fits(tiny_partition, make_cell, monkeypatch):
@@ -140,17 +141,17 @@ def test_cuda_graph_replays_skip_partly_frozen_fits(tiny_partition, make_cell, m
     monkeypatch.setattr(training_module, "replays_cuda_graphs", lambda setting, device: True)
     fedrep = method_engine(tiny_partition, make_cell, "fedrep", compile="aot_eager")
     run_rounds(fedrep, 1)
-    assert fedrep._compiled is None
+    assert fedrep.compiled.module is None
     fedavg = method_engine(tiny_partition, make_cell, "fedavg", compile="aot_eager")
     run_rounds(fedavg, 1)
-    assert fedavg._compiled is not None
+    assert fedavg.compiled.module is not None
 
 
 def test_compiled_step_falls_back_for_a_custom_loss(tiny_partition, make_cell):
     """MOON's contrastive loss reads the features: its fits run the eager model."""
     engine = method_engine(tiny_partition, make_cell, "moon", compile="aot_eager")
     run_rounds(engine, 1)
-    assert engine._compiled is None
+    assert engine.compiled.module is None
 
 
 def test_slurm_packed_profile_groups_training_cells_onto_one_gpu(tmp_path):

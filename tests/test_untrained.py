@@ -8,10 +8,11 @@ import pytest
 import torch
 import yaml
 
-from fedrepro.cli import untrained_warnings
 from fedrepro.config import load_config, resolve_experiment
+from fedrepro.engine import evaluation
 from fedrepro.engine.engine import UNTRAINED_RULES, sampling_schedule, trained_rounds
 from fedrepro.methods import METHODS
+from fedrepro.planning import untrained_warnings
 from fedrepro.registry import ConfigError
 from fedrepro.report.aggregate import summary_frame
 from fedrepro.report.tables import untrained_note
@@ -61,7 +62,7 @@ def test_every_method_scores_untrained_clients_by_the_one_rule(tiny_partition, m
     if has_personal:
         for i in untrained:
             c = eng.clients[i]
-            assert m["final"]["personal"]["acc"][i] == pytest.approx(float((eng.predict(eng.initial_params, c.test.x) == c.test.y.numpy()).mean()))
+            assert m["final"]["personal"]["acc"][i] == pytest.approx(float((evaluation.predict(eng, eng.initial_params, c.test.x) == c.test.y.numpy()).mean()))
     # exclude: no score, and the aggregates are over the trained clients only
     eng, m = out["exclude"]
     sizes = m["clients"]["test_size"]
@@ -79,9 +80,9 @@ def test_personalize_scores_the_methods_new_client_personalization(tiny_partitio
     eng, m = run(make_cell, tiny_partition[0], "local", "personalize")
     _, untrained = split(m)
     c = eng.clients[untrained[0]]
-    params = eng.personal_model(c, "personalize")
+    params = evaluation.personal_model(eng, c, "personalize")
     assert c.state == {}
-    acc = float((eng.predict(params, c.test.x) == c.test.y.numpy()).mean())
+    acc = float((evaluation.predict(eng, params, c.test.x) == c.test.y.numpy()).mean())
     assert m["final"]["personal"]["acc"][untrained[0]] == pytest.approx(acc)
     assert not all(torch.equal(params[k], eng.initial_params[k]) for k in params)
 

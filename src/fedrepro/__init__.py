@@ -1,3 +1,15 @@
 """fedrepro: a reproducible benchmark workflow for personalized and fair federated learning."""
 
-__version__ = "0.1.0"
+from .registry import set_plugin_loader
+from .version import __version__  # noqa: F401 (its own module: submodules read it without importing this one)
+
+
+def _load_plugins(group: str) -> None:
+    # Imported at the first registry lookup, not here: `import fedrepro` stays cheap, and the
+    # registry module never imports the plugins (nor, through them, the built-in components).
+    from .plugins import ensure_loaded
+
+    ensure_loaded(group)
+
+
+set_plugin_loader(_load_plugins)

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 from . import cli_args as check
+from .planning import untrained_warnings
 from .registry import ConfigError
 
 
@@ -94,7 +95,7 @@ def _validate(args) -> None:
         tuning = (f", {len(exp['tuning_cells'])} tuning trial run(s) for {len(exp['tuning']['labels'])} method label(s)"
                   if exp["tuning"] else "")
         print(f"{name}: ok, experiment '{exp['experiment']}': {len(exp['partitions'])} partition(s), {len(exp['cells'])} cell(s)"
-              + tuning)
+              + derived_note(exp) + tuning)
         for line in untrained_warnings(exp):
             print(f"{name}: warning: {line}", file=sys.stderr)
         for line in paper_table_lines(paths[-1], exp, config):
@@ -110,32 +111,19 @@ def paper_table_lines(path, exp: dict, config: dict) -> list[str]:
     return coverage_lines(plan) if plan else []
 
 
-def untrained_warnings(exp: dict) -> list[str]:
-    """One line per (partition, training schedule, seed) whose client sampling leaves some
-    clients untrained at the end: they are scored by the experiment's `evaluation.untrained`."""
-    from .engine.sampling import sampling_schedule, trained_rounds
-
-    specs = {(p["dataset"], p["label"]): p["spec"] for p in exp["partitions"]}
-    seen: dict[tuple, list[str]] = {}
-    for c in exp["cells"]:
-        spec, t = specs[(c["dataset"], c["partition"])], c["training"]
-        n = spec["num_clients"] - spec["unseen_clients"]
-        key = (c["dataset"], c["partition"], n, t["participation"], t["rounds"], c["seed"])
-        seen.setdefault(key, []).append(c["label"])
-    lines = []
-    for (ds, part, n, participation, rounds, seed), labels in seen.items():
-        never = [i for i, r in trained_rounds(sampling_schedule(n, participation, rounds, seed), list(range(n))).items() if not r]
-        if never:
-            rule = exp["cells"][0]["evaluation"]["untrained"]
-            lines.append(f"{ds}/{part} seed {seed} ({', '.join(labels)}): {len(never)} of {n} training clients never train "
-                         f"(participation {participation}, {rounds} rounds; positions {never}); they are scored by "
-                         f"evaluation.untrained = {rule!r}")
-    return lines
-
-
 def cell_id(c: dict) -> str:
     """A cell as `fedrepro cells` prints it: dataset/partition(partition id)/label[method]/seed<seed>."""
     return f"{c['dataset']}/{c['partition']}({c['partition_id']})/{c['label']}[{c['method']}]/seed{c['seed']}"
+
+
+def derived_note(exp: dict) -> str:
+    """', N derived (...: row <- base, ...)' where the experiment has fine-tuning rows derived from a base cell."""
+    from .engine.finetune import derived_bases
+
+    derived = derived_bases(exp["cells"])
+    pairs = sorted({(key[2], base["label"]) for key, base in derived.items()})
+    return (f", {len(derived)} derived (fine-tuning rows scored from their base cell's final model, not trained: "
+            f"{', '.join(f'{row} <- {base}' for row, base in pairs)})" if derived else "")
 
 
 def cmd_cells(args) -> None:
@@ -223,7 +211,7 @@ def _cell_from_id(args) -> dict:
     record(cli_items(args.set))  # provenance.json "overrides"
     where = f"{cell['dataset']}/{cell['partition']}/{cell['label']}/seed{cell['seed']}"
     if args.shards is None:
-        args.shards = f"results/shards/{cell['dataset']}/{cell['partition_id']}"  # the workflow's (common.smk shard_dir)
+        args.shards = f"results/shards/{cell['dataset']}/{cell['partition_id']}"  # the workflow's (planning.WorkflowPlan.shard_dir)
         if not (Path(args.shards) / "manifest.json").is_file():
             items = cli_items(args.set)
             command = shlex.join(["snakemake", "--cores", "1", args.shards, "--configfile", *args.configs]

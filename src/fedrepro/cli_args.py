@@ -227,7 +227,7 @@ def check_cell(cell: dict) -> None:
             raise ConfigError(f"argument --cell: key '{key}' has value {show(cell[key])}; allowed: a mapping")
 
 
-#: The keys of the select rule's --spec (workflow/rules/common.smk select_spec) that `fedrepro select` reads.
+#: The keys of the select rule's --spec (fedrepro.planning.TuningPlan.select_spec) that `fedrepro select` reads.
 SELECT_SPEC_KEYS = ("dataset", "partition", "label", "method", "space", "trials", "metric", "runs")
 
 

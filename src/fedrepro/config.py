@@ -212,8 +212,14 @@ def expand_sweeps(config: Any) -> tuple[Any, dict[str, dict]]:
             raise ConfigError(f"config key 'methods.{label}.sweep' is set in an experiment with `tuning`; allowed: a sweep "
                               "or tuning, not both (tuning would replace the swept values by its own selection)")
         base = {k: v for k, v in entry.items() if k != "sweep"}
-        base.setdefault("method", label)
+        if "finetune" not in base:  # a "+FT" row takes its method from its base label
+            base.setdefault("method", label)
         points = _sweep_points(label, entry["sweep"], per_label, labels)
+        varied = [key for key in (points[0][1] if points else {}) if not key.startswith("hparams.")]
+        if "finetune" in base and varied:
+            raise ConfigError(f"config key 'methods.{label}.sweep.{varied[0]}' is set in a fine-tuning row (beside "
+                              "'finetune'); allowed: hparams keys (ft_*) only: the row takes its method, training and "
+                              f"model from label {show(base['finetune'])}")
         labels += len(points)
         for new, point in points:
             if new in methods or new in out:
@@ -654,7 +660,8 @@ def resolve_experiment(config: dict) -> dict[str, Any]:
         if allowed:
             raise ConfigError(f"config key '(top level)' expands to {len(cells):,} cells or more (datasets x partitions "
                               f"x methods x seeds); allowed: {allowed}")
-    tuning = resolve_tuning(config, methods, {m: METHODS.entry(m).params for m, *_ in methods.values()}, config["seeds"])
+    tuning = resolve_tuning(config, methods, {m: METHODS.entry(m).params for m, *_ in methods.values()}, config["seeds"],
+                            BUDGETS["cells"])
     tuning_cells = _tuning_cells(tuning, cells, base_training, datasets, methods, partitions) if tuning else []
     for c in cells:
         if tuning and c["label"] in tuning["labels"]:
@@ -680,7 +687,7 @@ def _finetune_row(label: str, entry: dict, of: Any, methods: dict[str, tuple]) -
     """The (method, hparams, training, model) of a "+FT" row `methods.<label>: {finetune: <of>, hparams:
     {ft_*}}`: label `of`'s cells, each client's head then fine-tuned on its train split after training
     (methods/_finetune.py), scored from `of`'s kept final model (fedrepro.engine.finetune)."""
-    from .methods._finetune import FINETUNE_HPARAMS
+    from .methods import FINETUNE_HPARAMS
 
     where = f"config key 'methods.{label}.finetune'"
     extra = sorted(set(entry) - {"finetune", "hparams"})

@@ -1,12 +1,14 @@
 """Chain of custody of results: which cell a metrics.json, provenance.json or checkpoint belongs
-to, and reading metrics.json files so that a wrong, foreign or damaged one stops with a message.
+to, and the metrics.json contract: its schema id (`METRICS_SCHEMA`), its one writer
+(`write_metrics`) and its reader (`read_metrics`), so that a wrong, foreign or damaged file stops
+with a message. The layout of the record is built by fedrepro.engine.record.
 
 Every artifact of a cell carries its *identity* (`cell_identity`): the experiment, dataset,
 partition label and id, method, label and seed, the hash of the resolved cell (`cell_key`, the
 hash the engine has always keyed checkpoints by) and the hash of the shard manifest it was
 trained on (`manifest_hash`). Aggregation compares a metrics file's identity with the cell the
 workflow expects at that path; the engine compares a checkpoint's with its own cell before it
-resumes from it (engine.Engine.load_checkpoint). docs/security.md lists what is checked where.
+resumes from it (engine/checkpoints.load). docs/security.md lists what is checked where.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Iterable
 
 import yaml
 
-from .io import FileTooLarge, NotRegularFile, fsync_dir, load_json, read_regular, short_hash
+from .io import FileTooLarge, NotRegularFile, fsync_dir, load_json, read_regular, short_hash, write_json_atomic
 from .registry import ConfigError, show
 
 if TYPE_CHECKING:  # the annotations only: jsonschema is imported where metrics are validated
@@ -33,6 +35,7 @@ if TYPE_CHECKING:  # the annotations only: jsonschema is imported where metrics 
 IDENTITY_FIELDS = ("experiment", "dataset", "partition", "partition_id", "method", "label", "seed", "cell_key", "manifest_hash")
 #: What the workflow knows of a cell at parse time (the manifest is built later): what aggregation checks.
 EXPECTED_FIELDS = ("experiment", "dataset", "partition", "label", "seed", "cell_key")
+#: The schema id every metrics.json carries (the const of schemas/metrics.schema.yaml): the one place it is spelled.
 METRICS_SCHEMA = "fedrepro.metrics/1"
 #: metrics.json files larger than this are refused unread (a normal one is well below 1 MiB per
 #: 1,000 clients; a t-SNE embedding adds about 60 bytes per sample).
@@ -83,6 +86,17 @@ def parse_token(token: str) -> dict[str, Any]:
     if len(parts) != len(EXPECTED_FIELDS) or not parts[4].isdigit():
         raise ResultsError(f"--expect {show(token)}: allowed: experiment/dataset/partition/label/seed/cell_key")
     return dict(zip(EXPECTED_FIELDS, parts)) | {"seed": int(parts[4])}
+
+
+# -- writing a metrics.json ----------------------------------------------------------------------
+
+def write_metrics(path: str | os.PathLike, doc: dict[str, Any]) -> None:
+    """Write the metrics record `doc` (engine.record.build_metrics, or a failed cell's) to `path`
+    atomically. Not validated here (jsonschema stays out of the training job); the schema id is
+    checked, so no writer can produce a file the reader refuses as foreign."""
+    if doc.get("schema") != METRICS_SCHEMA:
+        raise ValueError(f"{path}: a metrics record has schema {METRICS_SCHEMA!r}, not {doc.get('schema')!r}")
+    write_json_atomic(path, doc)
 
 
 # -- reading a metrics.json ----------------------------------------------------------------------

@@ -6,11 +6,13 @@ call `profile_plan()`, which looks at the machine (the visible GPUs' free memory
 `resources()` and `set_threads()` fill the profile's `resources:` and `set-threads:`. Every
 training job (rules in TRAINING_RULES) takes one of `gpu_slots` and its rule's threads.
 
-* No GPU: a second thread speeds a small-model cell by about 1.6x, so cells side by side at 1
-  thread each finish sooner than in turn at 2 (docs/throughput.md, "How many cells at once");
-  cells run at CPU_CELL_THREADS each and `--cores` bounds how many: gpu_slots is no limit,
-  except where the available memory holds fewer cells (CELL_HOST_MIB each). A constant, not
-  a function of the machine: a cell trains the same numbers on any CPU machine.
+* No GPU: cells run side by side at CPU_CELL_THREADS each and `--cores` bounds how many (one at a time
+  on 2 cores, 16 at once on 32): gpu_slots is no limit, except where the available memory
+  holds fewer cells (CELL_HOST_MIB each). A constant, not a function of the machine, and the
+  2 threads every cell trained at before: a cell's numbers depend on its threads (torch's
+  parallel sums), so the same cell gives the same numbers on any CPU machine and as recorded.
+  1 thread a cell would be about 10 % faster on a full machine (docs/throughput.md, "How many
+  cells at once"); FEDREPRO_TRAIN_THREADS=1 asks for it.
 * GPUs: CELL_GPU_MIB of free memory per cell, at most MAX_CELLS_PER_GPU per GPU (each job takes
   the visible GPU with the most free memory, `fedrepro train --device auto`), and threads so
   that the cells at once fit the CPUs (at most GPU_CELL_THREADS, at least 1).
@@ -38,8 +40,9 @@ THREADS_ENV = "FEDREPRO_TRAIN_THREADS"
 #: threads, the same for all, so a fine-tuning row computes as its base cell did.
 TRAINING_RULES = ("train", "tune_trial", "train_tuned", "finetune")
 
-#: Without a GPU, each cell's torch threads (measured: docs/throughput.md, benchmarks/cell_threads.py).
-CPU_CELL_THREADS = 1
+#: Without a GPU, each cell's torch threads: those every cell trained at before issue 38, since the
+#: numbers depend on them (1 against 2 measured: docs/throughput.md, benchmarks/cell_threads.py).
+CPU_CELL_THREADS = 2
 #: With GPUs, each cell's threads when the CPUs allow it (the rules' own default; the GPU computes).
 GPU_CELL_THREADS = 2
 #: GPU memory planned per cell: the default experiment's cells peaked at 510-541 MiB allocated on
@@ -111,7 +114,9 @@ def plan(cores: int, gpus_free_mib: Sequence[int | None], host_free_mib: int | N
     else:
         head = "no GPU"
     if planned is None:
-        at_once = "side by side, as many as --cores allows"
+        fit = max(1, cores // threads)  # what Snakemake's --cores (all, in the profile) lets run at once
+        at_once = (f"side by side, as many as --cores allows ({fit} at once on {cores} cores)" if fit > 1
+                   else f"one at a time ({cores} core{'' if cores == 1 else 's'}, {threads} threads a cell)")
     elif planned == 1:
         at_once = f"one at a time{why}"
     else:

@@ -49,27 +49,37 @@ GROUPS = {
 PLUGINS_ENV = "FEDREPRO_PLUGINS"
 _MODULE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
 
+#: Entry point group -> the module whose import registers that group's built-in components.
+BUILTINS = {
+    "fedrepro.methods": "fedrepro.methods",
+    "fedrepro.datasets": "fedrepro.data.datasets",
+    "fedrepro.partitioners": "fedrepro.data.partitioners",
+    "fedrepro.models": "fedrepro.models",
+}
+
 _started = False
 _modules: set[str] = set()
 
 
-def _builtins() -> None:
-    """Import the built-in registries first, so a plugin's name clash is reported against them."""
-    from . import methods, models  # noqa: F401
-    from .data import datasets, partitioners  # noqa: F401
-
-
-def ensure_loaded() -> None:
-    """Load the entry points and the FEDREPRO_PLUGINS modules, once per process."""
+def ensure_loaded(group: str | None = None) -> None:
+    """Before a lookup of `group`'s registry: its built-in components, and, once per process, the
+    entry points and FEDREPRO_PLUGINS modules. Where there are plugins, every group's built-ins
+    are imported before them, so a plugin's name clash is reported against the built-ins; where
+    there are none, a lookup imports its own group's only (the partition job imports no torch)."""
     global _started
-    if _started:
-        return
-    _started = True  # first: a plugin that looks up a registry while it loads must not recurse
-    _builtins()
-    for group in GROUPS.values():
-        for ep in sorted(entry_points(group=group), key=lambda e: e.name):
-            _load_entry_point(group, ep)
-    load_modules(env_modules(), f"environment variable {PLUGINS_ENV}")
+    if not _started:
+        _started = True  # first: a plugin that looks up a registry while it loads must not recurse
+        points = {g: sorted(entry_points(group=g), key=lambda e: e.name) for g in GROUPS.values()}
+        modules = env_modules()
+        if modules or any(points.values()):
+            for name in BUILTINS.values():
+                importlib.import_module(name)
+            for g, eps in points.items():
+                for ep in eps:
+                    _load_entry_point(g, ep)
+            load_modules(modules, f"environment variable {PLUGINS_ENV}")
+    if group is not None:
+        importlib.import_module(BUILTINS[group])
 
 
 def _dist_label(ep: EntryPoint) -> str:

@@ -1,6 +1,6 @@
 """Live progress of training cells, outside their logs.
 
-The workflow sets FEDREPRO_STATUS_DIR (results/<experiment>/status, in workflow/rules/train.smk,
+The workflow sets FEDREPRO_STATUS_DIR (results/<experiment>/status, fedrepro.planning.set_job_environment,
 so the rules' code is unchanged and no finished cell reruns) for every job it starts. A training
 process then rewrites a small JSON file atomically after each round,
 <dir>/<dataset>/<partition>/<label>[/<trial>]/seed<seed>.json: round r of R, the last evaluated

@@ -183,12 +183,24 @@ def _origin_of(obj: Any) -> str:
     return "built-in" if module == "fedrepro" or module.startswith("fedrepro.") else f"module {module}"
 
 
+#: What a registry with a plugin group calls, with that group, before each lookup: fedrepro/__init__.py
+#: sets it to load the group's built-ins and the plugins (fedrepro.plugins.ensure_loaded). Set from
+#: outside, so this module imports none of the components its registries hold (no circle at any depth).
+_plugin_loader: Callable[[str], None] | None = None
+
+
+def set_plugin_loader(loader: Callable[[str], None]) -> None:
+    """Make `loader(plugin_group)` run before every lookup of a registry with a plugin group."""
+    global _plugin_loader
+    _plugin_loader = loader
+
+
 class Registry(Generic[T]):
     """A named collection of components; `kind` is used in error messages.
 
     With a `plugin_group`, the first lookup also loads the plugins (fedrepro.plugins: Python
-    entry points of that group and the modules named by FEDREPRO_PLUGINS), so a component
-    can live in another package."""
+    entry points of that group and the modules named by FEDREPRO_PLUGINS; the loader set by
+    `set_plugin_loader`), so a component can live in another package."""
 
     def __init__(self, kind: str, plugin_group: str | None = None):
         self.kind = kind
@@ -197,10 +209,8 @@ class Registry(Generic[T]):
 
     @property
     def _all(self) -> dict[str, Entry[T]]:
-        if self.plugin_group is not None:
-            from .plugins import ensure_loaded
-
-            ensure_loaded()
+        if self.plugin_group is not None and _plugin_loader is not None:
+            _plugin_loader(self.plugin_group)
         return self._entries
 
     def register(self, name: str, summary: str, params: dict[str, Param] | None = None, **info: Any) -> Callable[[T], T]:

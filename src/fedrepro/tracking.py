@@ -1,7 +1,7 @@
 """Opt-in experiment tracking: every per-round value a cell records, as TensorBoard event files.
 
 The experiment's `tracking: {tensorboard: true}` makes the workflow set FEDREPRO_TENSORBOARD_DIR
-(results/<experiment>/tensorboard, in workflow/rules/train.smk, beside the status folder) for every
+(results/<experiment>/tensorboard, fedrepro.planning.set_job_environment, beside the status folder) for every
 job it starts, locally or on SLURM; a training process then writes its cell's scalars, live, to
 <dir>/<dataset>/<partition>/<label>[/<trial>]/seed<seed>/ (`tensorboard --logdir results/<experiment>`
 shows every cell as one run). `fedrepro train` by hand: set the variable yourself.

@@ -24,7 +24,7 @@ import numpy as np
 import yaml
 
 from .io import short_hash
-from .registry import ConfigError, Param, show
+from .registry import ConfigError, Param, cells_over, show
 
 TUNING_DEFAULTS: dict[str, Any] = {
     "val_fraction": 0.2,  # of each client's training split; [RECON] pFL-Bench holds out 20 % of train as validation
@@ -138,10 +138,11 @@ def trial_id(values: dict[str, Any]) -> str:
 
 
 def resolve_tuning(config: dict, methods: dict[str, tuple[str, dict, Any]], declared: dict[str, dict[str, Param]],
-                   seeds: list[int]) -> dict[str, Any] | None:
+                   seeds: list[int], cells_budget: int) -> dict[str, Any] | None:
     """The experiment's `tuning` block checked and expanded, or None without one.
 
-    methods: label -> (method, hparams, training overrides); declared: method -> its Params.
+    methods: label -> (method, hparams, training overrides); declared: method -> its Params;
+    cells_budget: the tuning cells allowed (fedrepro.config.BUDGETS, lifted as `registry.cells_over` says).
     Returns {val_fraction, seeds, training, metric, labels: {label: {method, space, trials}}}
     where trials lists {id, values}; a label with an empty space is absent (nothing to tune).
     """
@@ -161,8 +162,6 @@ def resolve_tuning(config: dict, methods: dict[str, tuple[str, dict, Any]], decl
     tuning_seeds = t["seeds"] if t["seeds"] is not None else seeds[:1]
     lr_grid = t["lr"] if t["lr"] is not None else default_spaces()["lr"]["values"]
     _check_space("tuning", {"lr": lr_grid}, {})  # the shared grid: numbers > 0, non-empty
-    from .config import BUDGETS  # (config imports this module)
-    from .registry import cells_over
 
     labels, trials_so_far = {}, 0
     for label, (method, *_) in methods.items():
@@ -178,7 +177,7 @@ def resolve_tuning(config: dict, methods: dict[str, tuple[str, dict, Any]], decl
         # the number of trials from the lists' lengths, before the grid is built (each trial is a cell per tuning seed)
         count = trial_count(space, t["search"], t["samples"])
         cells = (trials_so_far + count) * max(1, len(tuning_seeds))
-        allowed = cells_over(cells, BUDGETS["cells"])
+        allowed = cells_over(cells, cells_budget)
         if allowed:
             sizes = " x ".join(f"{k}: {len(v)}" for k, v in space.items())
             raise ConfigError(f"config key '{where}' makes {count:,} trials for method label '{label}' ({sizes} values"

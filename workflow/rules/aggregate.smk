@@ -1,10 +1,11 @@
 # All cells of the experiment -> summary files -> tables and plots (cheap, run locally).
 from fedrepro.custody import expected_token
+from fedrepro.planning import TABLES
 
 
 rule aggregate:
     input:
-        all_metrics,
+        PLAN.all_metrics,
     output:
         csv=f"{OUT}/summary.csv",
         json=f"{OUT}/summary.json",
@@ -14,7 +15,7 @@ rule aggregate:
     log:
         f"{OUT}/logs/aggregate.log",
     params:
-        # per metrics file (all_metrics' order) the cell it must belong to: a copied, moved or
+        # per metrics file (PLAN.all_metrics' order) the cell it must belong to: a copied, moved or
         # stale file is an error naming it, not a wrong row
         expect=lambda wildcards: [expected_token(c) for c in EXP["cells"]],
     localrule: True
@@ -50,7 +51,7 @@ rule tables:
 
 rule plots:
     input:
-        panel_metrics,
+        PLAN.panel_metrics,
     output:
         curves=report(
             f"{OUT}/plots/curves_{{dataset}}_{{partition}}.png",
@@ -76,7 +77,7 @@ rule plots:
 
 rule tsne_plot:
     input:
-        panel_metrics,
+        PLAN.panel_metrics,
     output:
         report(
             f"{OUT}/plots/tsne_{{dataset}}_{{partition}}.png",
@@ -97,15 +98,15 @@ rule tsne_plot:
 rule report_page:
     input:
         summary=f"{OUT}/summary.csv",
-        curves=[f"{OUT}/plots/curves_{d}_{p}.png" for d, p in sorted(PARTITIONS)],
+        curves=[f"{OUT}/plots/curves_{d}_{p}.png" for d, p in sorted(PLAN.partitions)],
     output:
-        LANDING,
+        PLAN.landing,
     conda:
         "../envs/fedrepro.yaml"
     log:
         f"{OUT}/logs/report_page.log",
     params:
-        spec=landing_spec_json,
+        spec=lambda wildcards: PLAN.landing_spec_json(PAPER.paper.short if PAPER else None),
     localrule: True
     shell:
         "fedrepro report-page --summary {input.summary:q} --spec {params.spec:q} --curves {input.curves:q} "

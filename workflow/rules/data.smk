@@ -22,7 +22,7 @@ rule prepare_data:
 
 rule partition:
     input:
-        lambda wc: ancient(raw_marker(wc.dataset)),
+        lambda wc: ancient(PLAN.raw_marker(wc.dataset)),
     output:
         directory("results/shards/{dataset}/{pid}"),
     conda:
@@ -30,7 +30,7 @@ rule partition:
     log:
         "results/logs/partition/{dataset}-{pid}.log",
     params:
-        spec=spec_by_id,
+        spec=PLAN.spec_by_id,
         root=lambda wc: f"results/raw/{wc.dataset}",
     resources:
         mem_mb=8000,

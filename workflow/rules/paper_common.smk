@@ -24,7 +24,7 @@ READINGS = str(READINGS) if READINGS is not None and READINGS.is_file() else Non
 def _paper_runs_metrics(runs):
     runs = set(runs)
     return [
-        f"{run_dir(c)}/metrics.json"
+        f"{PLAN.run_dir(c)}/metrics.json"
         for c in EXP["cells"]
         if (c["dataset"], c["partition"], c["label"]) in runs
     ]

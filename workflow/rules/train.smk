@@ -3,7 +3,7 @@
 
 rule pretrain_backbone:
     input:
-        lambda wc: ancient(raw_marker(wc.dataset)),
+        lambda wc: ancient(PLAN.raw_marker(wc.dataset)),
     output:
         "results/pretrained/{dataset}/{phash}.pt",
     conda:
@@ -11,7 +11,7 @@ rule pretrain_backbone:
     log:
         "results/logs/pretrain/{dataset}-{phash}.log",
     params:
-        spec=pretrain_spec_json,
+        spec=PLAN.pretrain_spec_json,
         root=lambda wc: f"results/raw/{wc.dataset}",
     threads: 2
     resources:
@@ -26,7 +26,7 @@ rule pretrain_backbone:
 
 rule train:
     input:
-        unpack(cell_inputs),
+        unpack(PLAN.cell_inputs),
     # update(): Snakemake does not delete a finished cell's results before a forced or triggered
     # retrain (it backs them up and puts them back if the job fails); `fedrepro train` replaces
     # them only on success, so a failed retrain never loses the earlier result.
@@ -40,7 +40,7 @@ rule train:
     benchmark:
         f"{OUT}/benchmarks/train/{{dataset}}_{{partition}}_{{label}}_seed{{seed}}.tsv"
     params:
-        cell=cell_json,
+        cell=PLAN.cell_json,
         # Not an output: it must survive a killed job so the rerun resumes from it.
         checkpoint=f"{OUT}/checkpoints/{{dataset}}/{{partition}}/{{label}}/seed{{seed}}.pt",
         out_dir=lambda wildcards, output: os.path.dirname(output.metrics),
@@ -65,12 +65,12 @@ ruleorder: finetune > train
 
 rule finetune:
     input:
-        unpack(finetune_inputs),
+        unpack(PLAN.finetune_inputs),
     output:
         metrics=update(f"{OUT}/runs/{{dataset}}/{{partition}}/{{label}}/seed{{seed}}/metrics.json"),
         provenance=update(f"{OUT}/runs/{{dataset}}/{{partition}}/{{label}}/seed{{seed}}/provenance.json"),
     wildcard_constraints:
-        label=_one_of(DERIVED_LABELS) if DERIVED_LABELS else "(?!)",
+        label=one_of(PLAN.derived_labels) if PLAN.derived_labels else "(?!)",
     conda:
         "../envs/fedrepro.yaml"
     log:
@@ -78,9 +78,9 @@ rule finetune:
     benchmark:
         f"{OUT}/benchmarks/finetune/{{dataset}}_{{partition}}_{{label}}_seed{{seed}}.tsv"
     params:
-        cell=cell_json,
-        base=base_cell_json,
-        final_model=lambda wc: f"{base_run_dir(wc)}/{FINAL_MODEL}",
+        cell=PLAN.cell_json,
+        base=PLAN.base_cell_json,
+        final_model=PLAN.final_model,
         out_dir=lambda wildcards, output: os.path.dirname(output.metrics),
     threads: 2
     resources:
@@ -95,23 +95,10 @@ rule finetune:
         "--shards {input.shards:q} --out-dir {params.out_dir:q} --threads {threads} > {log:q} 2>&1"
 
 
-# Live progress (fedrepro/progress.py): every job this Snakemake process starts inherits the
-# status folder, where training processes rewrite their cell's status file each round. Set here,
-# not in the rules, so their code (and so every finished cell) stays as it was.
-from fedrepro.progress import STATUS_DIR_ENV
-
-os.environ[STATUS_DIR_ENV] = os.path.abspath(f"{OUT}/status")
-
-# Tracking (fedrepro/tracking.py), the same way: with `tracking: {tensorboard: true}` every job
-# writes its cell's scalars under results/<experiment>/tensorboard (`tensorboard --logdir results/E`).
-from fedrepro.tracking import TENSORBOARD_DIR_ENV
-
-if EXP["tracking"]["tensorboard"]:
-    os.environ[TENSORBOARD_DIR_ENV] = os.path.abspath(f"{OUT}/tensorboard")
-
-
-# When the run starts: the plan of cells (`fedrepro status` lists the pending ones), and a thread
-# that prints one line per evaluation of every training cell to this console.
+# When jobs will run (not in a dry run): the plan of cells (`fedrepro status` lists the pending ones),
+# and a thread that prints one line per evaluation of every training cell to this console, from the
+# status files the training processes rewrite each round (fedrepro/progress.py; the status folder is
+# in the jobs' environment: fedrepro.planning.set_job_environment).
 onstart:
     from fedrepro.progress import ConsoleWatcher, write_plan
 

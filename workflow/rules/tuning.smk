@@ -3,12 +3,15 @@
 # each client's training split -> select (every trial's validation score and the winner) ->
 # the final cells of tuned labels (rule train_tuned: rule train plus the selection) train with
 # the winner; labels with nothing to tune go straight to rule train.
-# Its helpers (paths, specs) live in common.smk.
+# Its paths and specs: fedrepro.planning.TuningPlan.
+from fedrepro.planning import TuningPlan
+
+TUNING = TuningPlan(EXP)
 
 
 rule tune_trial:
     input:
-        cell_shards,
+        PLAN.cell_shards,
     output:
         metrics=f"{OUT}/tuning/runs/{{dataset}}/{{partition}}/{{label}}/{{trial}}/seed{{seed}}/metrics.json",
         provenance=f"{OUT}/tuning/runs/{{dataset}}/{{partition}}/{{label}}/{{trial}}/seed{{seed}}/provenance.json",
@@ -19,7 +22,7 @@ rule tune_trial:
     benchmark:
         f"{OUT}/benchmarks/tuning/{{dataset}}_{{partition}}_{{label}}_{{trial}}_seed{{seed}}.tsv"
     params:
-        cell=trial_cell_json,
+        cell=TUNING.trial_cell_json,
         # Not an output: it must survive a killed job so the rerun resumes from it.
         checkpoint=f"{OUT}/checkpoints/tuning/{{dataset}}/{{partition}}/{{label}}/{{trial}}/seed{{seed}}.pt",
         out_dir=lambda wildcards, output: os.path.dirname(output.metrics),
@@ -38,7 +41,7 @@ rule tune_trial:
 
 rule select:
     input:
-        trial_metrics,
+        TUNING.trial_metrics,
     output:
         f"{OUT}/tuning/{{dataset}}/{{partition}}/{{label}}.json",
     conda:
@@ -46,7 +49,7 @@ rule select:
     log:
         f"{OUT}/logs/tuning/select_{{dataset}}_{{partition}}_{{label}}.log",
     params:
-        spec=select_spec,
+        spec=TUNING.select_spec,
     localrule: True
     shell:
         "fedrepro select --spec {params.spec:q} --out {output:q} > {log:q} 2>&1"
@@ -54,7 +57,7 @@ rule select:
 
 rule tuning_table:
     input:
-        all_selections,
+        TUNING.all_selections,
     output:
         csv=report(
             f"{OUT}/tables/tuning.csv",
@@ -77,7 +80,7 @@ rule tuning_table:
 
 rule tuning_plot:
     input:
-        panel_selections,
+        TUNING.panel_selections,
     output:
         report(
             f"{OUT}/plots/tuning_{{dataset}}_{{partition}}.png",
@@ -94,7 +97,7 @@ rule tuning_plot:
         "fedrepro tuning-report {input:q} --plot {output:q} > {log:q} 2>&1"
 
 
-if TUNED_LABELS:
+if TUNING.tuned_labels:
 
     # A tuned label's final cell: rule train's job with the selected hyper-parameters (`--tuned`).
     # Rule train itself stays unchanged, so adding tuning reruns no existing untuned cell.
@@ -102,13 +105,13 @@ if TUNED_LABELS:
 
     rule train_tuned:
         input:
-            shards=cell_shards,
-            tuned=tuned_selection,
+            shards=PLAN.cell_shards,
+            tuned=TUNING.tuned_selection,
         output:
             metrics=f"{OUT}/runs/{{dataset}}/{{partition}}/{{label}}/seed{{seed}}/metrics.json",
             provenance=f"{OUT}/runs/{{dataset}}/{{partition}}/{{label}}/seed{{seed}}/provenance.json",
         wildcard_constraints:
-            label=_one_of(TUNED_LABELS),
+            label=one_of(TUNING.tuned_labels),
         conda:
             "../envs/fedrepro.yaml"
         log:
@@ -116,7 +119,7 @@ if TUNED_LABELS:
         benchmark:
             f"{OUT}/benchmarks/train/{{dataset}}_{{partition}}_{{label}}_seed{{seed}}.tsv"
         params:
-            cell=cell_json,
+            cell=PLAN.cell_json,
             # Not an output: it must survive a killed job so the rerun resumes from it.
             checkpoint=f"{OUT}/checkpoints/{{dataset}}/{{partition}}/{{label}}/seed{{seed}}.pt",
             out_dir=lambda wildcards, output: os.path.dirname(output.metrics),

@@ -41,21 +41,19 @@ class DatasetSpec:
 DATASETS: Registry[DatasetSpec] = Registry[DatasetSpec]("dataset", plugin_group="fedrepro.datasets")
 
 
-def _register(spec: DatasetSpec) -> DatasetSpec:
+def register_dataset(spec: DatasetSpec) -> DatasetSpec:
+    """Add `spec` to DATASETS: the built-in sources and plugins (docs/plugins.md) alike."""
     DATASETS.add(spec.name, spec, spec.summary, spec.params, source=spec.source, size=spec.size)
     return spec
 
 
-#: The public name plugins register a dataset with (docs/plugins.md).
-register_dataset = _register
-
-
-def _resolve(name: str, params: dict | None) -> tuple[DatasetSpec, dict[str, Any]]:
+def resolve_dataset(name: str, params: dict | None) -> tuple[DatasetSpec, dict[str, Any]]:
+    """The spec of dataset `name` and its parameters (defaults overlaid with `params`, checked)."""
     spec = DATASETS.get(name)  # unknown name -> ConfigError listing the allowed names
     return spec, resolve_params(f"dataset '{name}'", spec.params, params)
 
 
 def load_dataset(name: str, root: Path, params: dict | None = None) -> RawDataset:
     """Read dataset `name` from `root` (no network); `DataMissingError` if absent."""
-    spec, resolved = _resolve(name, params)
+    spec, resolved = resolve_dataset(name, params)
     return spec.load(Path(root), resolved)

@@ -29,7 +29,7 @@ import numpy as np
 
 from fedrepro.data.base import DataMissingError, RawDataset
 # The registry lives apart from its entries (no import circle); its names stay importable from here.
-from fedrepro.data.dataset_registry import DATASETS, DatasetSpec, _register, _resolve, load_dataset, register_dataset  # noqa: F401
+from fedrepro.data.dataset_registry import DATASETS, DatasetSpec, load_dataset, register_dataset, resolve_dataset  # noqa: F401
 from fedrepro.io import atomic_path, read_json, short_hash, write_json_atomic
 from fedrepro.registry import ConfigError, Param, show
 
@@ -47,7 +47,7 @@ def prepare_dataset(name: str, root: Path, params: dict | None = None) -> dict[s
     from fedrepro.data.downloads import recording
     from fedrepro.io import clean_stale
 
-    spec, resolved = _resolve(name, params)
+    spec, resolved = resolve_dataset(name, params)
     root = Path(root)
     clean_stale(root)  # what a prepare job killed with SIGKILL left (its description's *.tmp, staging folders)
     with recording() as downloads:
@@ -307,19 +307,34 @@ def _prepare_fmnist(root: Path, params: dict) -> None:
         raise DataMissingError(_fmnist_missing_message(root))
 
 
+def _read_idx(path: Path, magic: int, dims: tuple[int, ...]) -> np.ndarray:
+    """An IDX file's array (count, *dims) of uint8, its header checked and its length exact: the
+    format torchvision's FashionMNIST reads, read with numpy, since importing torchvision (and with
+    it torch) costs the prepare and partition jobs seconds each."""
+    _check_idx_header(path, magic, dims)
+    header = 4 * (2 + len(dims))
+    data = path.read_bytes()
+    count = struct.unpack(">I", data[4:8])[0]
+    if len(data) != header + count * int(np.prod(dims, dtype=np.int64)):
+        raise DataMissingError(f"{path.name}: {len(data)} bytes, not the {count} items its IDX header announces")
+    return np.frombuffer(data, dtype=np.uint8, offset=header).reshape(count, *dims)
+
+
 def _load_fmnist(root: Path, params: dict) -> RawDataset:
-    """Both official splits via torchvision, train rows first then test rows."""
+    """Both official splits, train rows first then test rows."""
     root = Path(root)
     if _fmnist_missing(root):
         raise DataMissingError(_fmnist_missing_message(root))
-    import torchvision
-
+    raw = fmnist_raw_dir(root)
     xs, ys, splits = [], [], []
-    for split, train in ((0, True), (1, False)):
-        ds = torchvision.datasets.FashionMNIST(str(root), train=train, download=False)
-        x = ds.data.numpy().astype(np.uint8, copy=False)[:, None, :, :]
+    for split, prefix in ((0, "train"), (1, "t10k")):
+        images, labels = f"{prefix}-images-idx3-ubyte", f"{prefix}-labels-idx1-ubyte"
+        x = _read_idx(raw / images, *FMNIST_FILES[images])[:, None, :, :]
+        y = _read_idx(raw / labels, *FMNIST_FILES[labels]).astype(np.int64)
+        if len(y) != len(x):
+            raise DataMissingError(f"{raw}: {len(x)} {prefix} images but {len(y)} labels")
         xs.append(x)
-        ys.append(ds.targets.numpy().astype(np.int64, copy=False))
+        ys.append(y)
         splits.append(np.full(len(x), split, dtype=np.int8))
     return RawDataset(
         name="fmnist",
@@ -335,7 +350,7 @@ def _load_fmnist(root: Path, params: dict) -> RawDataset:
     )
 
 
-_register(
+register_dataset(
     DatasetSpec(
         name="fmnist",
         summary="Fashion-MNIST: 28x28 grayscale images of clothing, 10 classes",
@@ -383,7 +398,7 @@ def _load_digits(root: Path, params: dict) -> RawDataset:
     )
 
 
-_register(
+register_dataset(
     DatasetSpec(
         name="digits",
         summary="scikit-learn's 8x8 handwritten digits (offline, tiny), 10 classes",
@@ -500,7 +515,7 @@ def _load_synthetic(root: Path, params: dict) -> RawDataset:
     )
 
 
-_register(
+register_dataset(
     DatasetSpec(
         name="synthetic",
         summary="FedProx Synthetic(alpha, beta): 60-d Gaussian features, per-user softmax-regression labels",

@@ -14,6 +14,8 @@ partition achieved.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from ..registry import ConfigError, Param, Registry, show
@@ -755,6 +757,21 @@ def infeasibility(partitioner: str, counts, num_clients: int, seed: int, params:
     return None
 
 
+def shuffled_split(indices: np.ndarray, test_size: float, rng: np.random.RandomState) -> tuple[np.ndarray, np.ndarray]:
+    """(train, test) as sklearn's `train_test_split(indices, test_size=test_size, shuffle=True,
+    random_state=rng)` gives them, to the bit and with the same draw from `rng` (one permutation;
+    tests/test_startup.py compares them): its ShuffleSplit, without importing scikit-learn, which
+    costs the partition job about 3 s."""
+    n = len(indices)
+    n_test = math.ceil(test_size * n)
+    n_train = n - n_test
+    if n_train <= 0:
+        raise ValueError(f"With n_samples={n}, test_size={test_size} and train_size=None, the resulting train set will be "
+                         "empty. Adjust any of the aforementioned parameters.")
+    permutation = rng.permutation(n)
+    return indices[permutation[n_test:]], indices[permutation[:n_test]]
+
+
 def split_client(
     indices: np.ndarray,
     labels: np.ndarray,
@@ -767,15 +784,13 @@ def split_client(
 
     stratify=True cuts every class separately (each split keeps the client's label
     distribution, as FederatedScope's consistent_label_distribution); stratify=False is
-    sklearn's shuffled `train_test_split`, which is what PFLlib does (75/25), drawn
-    from the same RandomState so PFLlib's numbers are reproduced.
+    sklearn's shuffled `train_test_split` (`shuffled_split`), which is what PFLlib does
+    (75/25), drawn from the same RandomState so PFLlib's numbers are reproduced.
     """
     if not stratify:
-        from sklearn.model_selection import train_test_split  # imported here: about 3 s, only the unstratified split needs it
-
-        rest, test = train_test_split(indices, test_size=test_fraction, shuffle=True, random_state=rng) if test_fraction > 0 else (indices, indices[:0])
+        rest, test = shuffled_split(indices, test_fraction, rng) if test_fraction > 0 else (indices, indices[:0])
         if val_fraction > 0:
-            rest, val = train_test_split(rest, test_size=val_fraction / (1 - test_fraction), shuffle=True, random_state=rng)
+            rest, val = shuffled_split(rest, val_fraction / (1 - test_fraction), rng)
         else:
             val = indices[:0]
         return {"train": np.asarray(rest), "test": np.asarray(test), "val": np.asarray(val)}

@@ -40,7 +40,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .. import __version__
+from ..version import __version__
 from ..io import (FileTooLarge, NotRegularFile, canonical_json, clean_stale, derive_seed, fsync_dir, load_json, read_regular,
                   replace_dir, sha256_file, short_hash, staging_dir, write_json_atomic)
 from ..registry import ConfigError, resolve_params, show

@@ -66,7 +66,7 @@ from typing import Any, Callable
 import numpy as np
 
 from fedrepro.data.base import DataMissingError, RawDataset
-from fedrepro.data.dataset_registry import DatasetSpec, _register
+from fedrepro.data.dataset_registry import DatasetSpec, register_dataset
 from fedrepro.registry import Param
 
 Params = dict[str, Any]
@@ -313,7 +313,7 @@ def torchvision_spec(src: TorchvisionSource) -> DatasetSpec:
 
 def register(src: TorchvisionSource) -> DatasetSpec:
     SOURCES[src.name] = src
-    return _register(torchvision_spec(src))
+    return register_dataset(torchvision_spec(src))
 
 
 def _const(value):

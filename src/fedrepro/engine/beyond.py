@@ -6,7 +6,7 @@ average of the personalized models, for a method without one) and with the metho
 new-client personalization; global test sets (the union of the clients' test splits, the
 dataset's official test set) are scored with the global model, every client's personalized
 model (GRP-FED's generalization G) and the harmonic mean of G and the client's own score
-(GRP-FED's L). Every function takes the cell's `Engine` (engine.py).
+(GRP-FED's L). Every function takes the cell (engine.py's `Engine`).
 """
 
 from __future__ import annotations
@@ -15,10 +15,9 @@ from typing import Any
 
 import torch
 
-from ..methods.base import Update, weighted_average
+from ..federation import Client, Split, Update, weighted_average
 from ..metrics import accuracy, harmonic_mean, macro_f1
-from .data import Client, Split
-from .evaluation import NO_SCORE, personal, pooled, scored_by, scores
+from .evaluation import NO_SCORE, personal, personal_model, predict, probs, scored_by, scores
 
 Params = dict[str, torch.Tensor]
 
@@ -29,7 +28,7 @@ def global_tests(engine) -> dict[str, Split]:
     out = {}
     for name in engine.training["global_test"]:
         if name == "union":
-            out[name] = Split(pooled(engine, "test"), torch.cat([c.test.y for c in engine.clients]))
+            out[name] = Split(engine.scoring.pooled("test"), torch.cat([c.test.y for c in engine.clients]))
         elif engine.official_test is None:
             raise ValueError("global_test 'official' needs a partition with pool: false (its official test set)")
         else:
@@ -46,7 +45,7 @@ def mean_personal(engine, personal_models: list[Params | None]) -> Params:
 
 def score_clients(engine, params: Params, clients: list[Client]) -> dict[str, list[float]]:
     """Accuracy and macro-F1 of `params` on each of `clients`' test split."""
-    got = [scores(c.test.y, engine.predict(params, c.test.x)) for c in clients]
+    got = [scores(c.test.y, predict(engine, params, c.test.x)) for c in clients]
     return {"acc": [s[0] for s in got], "f1": [s[1] for s in got]}
 
 
@@ -67,12 +66,12 @@ def evaluate_beyond(engine, record: dict[str, Any]) -> dict[str, Any]:
     # the clients' personalized models (None: excluded by the untrained rule), computed once, when needed
     personal_models: list[Params | None] = []
     if method.has_personal and ((engine.unseen and not method.has_global) or engine.training["global_test"]):
-        personal_models = [engine.personal_model(c, how) for c, how in zip(engine.clients, hows)]
+        personal_models = [personal_model(engine, c, how) for c, how in zip(engine.clients, hows)]
     if engine.unseen:
         g = method.global_params() if method.has_global else mean_personal(engine, personal_models)
         out["unseen/global"] = score_clients(engine, g, engine.unseen)
         if method.has_personal:
-            got = [scores(c.test.y, engine.predict(personal(engine, c, "unseen-batches"), c.test.x)) for c in engine.unseen]
+            got = [scores(c.test.y, predict(engine, personal(engine, c, "unseen-batches"), c.test.x)) for c in engine.unseen]
             out["unseen/personal"] = {"acc": [s[0] for s in got], "f1": [s[1] for s in got]}
     tests = global_tests(engine)
     if not tests:
@@ -80,16 +79,16 @@ def evaluate_beyond(engine, record: dict[str, Any]) -> dict[str, Any]:
     own = record["test/personal" if method.has_personal else "test/global"]
     for name, data in tests.items():
         y = data.y.cpu().numpy()
-        probs = [None if p is None else engine._probs(p, data.x) for p in personal_models]
+        outputs = [None if p is None else probs(engine, p, data.x) for p in personal_models]
         if method.has_global:
-            g_pred = engine.predict(method.global_params(), data.x)
+            g_pred = predict(engine, method.global_params(), data.x)
         else:
-            g_pred = torch.stack([pr for pr in probs if pr is not None]).mean(0).argmax(1).cpu().numpy()
+            g_pred = torch.stack([pr for pr in outputs if pr is not None]).mean(0).argmax(1).cpu().numpy()
         acc, f1 = accuracy(y, g_pred), macro_f1(y, g_pred)
         out[f"{name}/global"] = {"acc": [acc], "f1": [f1]}
         if personal_models:
             gen = [NO_SCORE if pr is None else (accuracy(y, pr.argmax(1).cpu().numpy()), macro_f1(y, pr.argmax(1).cpu().numpy()))
-                   for pr in probs]
+                   for pr in outputs]
             out[f"{name}/personal"] = {"acc": [s[0] for s in gen], "f1": [s[1] for s in gen]}
         else:  # a global-only method: every client's model is the global one (GRP-FED's G)
             gen = [NO_SCORE if how == "excluded" else (acc, f1) for how in hows]

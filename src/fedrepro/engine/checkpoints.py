@@ -5,7 +5,9 @@ the cell's identity (its hash and its shards', fedrepro.custody), the last finis
 the method's server state, every client's state, the evaluation history and the per-round
 records. A checkpoint is resumed from only when it is readable with `weights_only`, belongs
 to this cell and partition, and is consistent; any other one is moved aside with a warning
-and the cell starts from round 0. Every function takes the cell's `Engine` (engine.py).
+and the cell starts from round 0. The file's path and the identity it carries are this module's
+(`CheckpointFile`); the functions take the cell (engine.py's `Engine`) for the state they save
+and restore.
 """
 
 from __future__ import annotations
@@ -31,24 +33,28 @@ class CheckpointRejected(Exception):
     """Why a checkpoint is not resumed from (`load` moves it aside)."""
 
 
-def cell_key(engine) -> str:
-    return short_hash(engine.cell)
+class CheckpointFile:
+    """A cell's checkpoint file (`path`; None: the cell keeps no checkpoint) and the identity its
+    checkpoints carry and must match to be resumed from."""
 
+    def __init__(self, path: Path | None, cell: dict[str, Any], manifest: dict[str, Any]):
+        self.path = path
+        self.cell, self.manifest = cell, manifest
+        self._identity: dict[str, Any] | None = None
 
-def identity(engine) -> dict[str, Any]:
-    """What a checkpoint of this cell carries and must match to be resumed from: the cell (its
-    hash covers every setting, a tuned cell's selected values included) and its shards."""
-    if engine._identity is None:  # hashing the manifest once per cell, not per checkpoint
-        engine._identity = cell_identity(engine.cell, engine.manifest, cell_key(engine))
-    return engine._identity
+    def identity(self) -> dict[str, Any]:
+        """The cell (its hash covers every setting, a tuned cell's selected values included) and its shards."""
+        if self._identity is None:  # hashing the manifest once per cell, not per checkpoint
+            self._identity = cell_identity(self.cell, self.manifest, short_hash(self.cell))
+        return self._identity
 
 
 def save(engine, history: list, per_round: dict) -> None:
     """Write the checkpoint after the current round (nothing without a checkpoint path)."""
-    if engine.checkpoint_path is None:
+    if engine.checkpoint.path is None:
         return
-    write_state(engine.checkpoint_path, {
-        "identity": identity(engine), "round": engine.round, "server": engine.method.server,
+    write_state(engine.checkpoint.path, {
+        "identity": engine.checkpoint.identity(), "round": engine.round, "server": engine.method.server,
         "clients": {c.id: c.state for c in engine.clients}, "history": history, "per_round": per_round})
 
 
@@ -65,7 +71,7 @@ def load(engine) -> tuple[int, list, dict] | None:
     None when there is none. A checkpoint that is damaged, of another cell or shards, or
     inconsistent is never believed and never blocks: it is moved aside with a warning and the
     cell starts from round 0."""
-    path = engine.checkpoint_path
+    path = engine.checkpoint.path
     if path is None or not os.path.lexists(path):
         return None
     try:
@@ -106,7 +112,7 @@ def read_state(path: Path, device: Any, keys: tuple[str, ...] = KEYS, what: str 
 def checked(engine, path: Path) -> dict[str, Any]:
     """The checkpoint's state, or CheckpointRejected saying what is wrong with it."""
     state = read_state(path, engine.device)
-    problem = identity_mismatch(state["identity"], identity(engine))
+    problem = identity_mismatch(state["identity"], engine.checkpoint.identity())
     if problem:
         raise CheckpointRejected(f"belongs to another cell or partition ({problem})")
     done, rounds = state["round"], engine.training["rounds"]

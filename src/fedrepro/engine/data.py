@@ -2,62 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
-
 import numpy as np
 import torch
 
 from ..data.shards import ClientShard
+from ..federation import Client, Split  # the shared vocabulary (re-exported here: the engine's names since the split)
 from ..io import derive_seed
-
-
-@dataclass
-class Split:
-    x: torch.Tensor  # float32, normalised, on the device
-    y: torch.Tensor  # int64, on the device
-
-    def __len__(self) -> int:
-        return len(self.y)
-
-
-@dataclass
-class Client:
-    """A client as the engine sees it: its data splits and its persistent state.
-
-    `state` belongs to the method (personal heads, control variates, prototypes, ...);
-    the engine checkpoints it with the run.
-    """
-
-    id: int
-    train: Split
-    test: Split
-    val: Split
-    state: dict[str, Any] = field(default_factory=dict)
-    unseen: bool = False  # held out of training, evaluated after it
-    groups: dict[str, list[int]] = field(default_factory=dict)  # the per-sample group ids it holds (manifest)
-    unlabeled: Split | None = None  # its share of an unlabeled pool (STL-10's), for self-supervised training only
-    _ssl_pool: Split | None = field(default=None, repr=False)
-
-    @property
-    def ssl_pool(self) -> Split:
-        """The data a self-supervised stage trains on: the train split, plus the unlabeled share."""
-        if self.unlabeled is None or not len(self.unlabeled):
-            return self.train
-        if self._ssl_pool is None:
-            self._ssl_pool = Split(torch.cat([self.train.x, self.unlabeled.x]), torch.cat([self.train.y, self.unlabeled.y]))
-        return self._ssl_pool
-
-    @property
-    def num_train(self) -> int:
-        return len(self.train)
-
-    @property
-    def client_type(self) -> int | None:
-        """The client's type (FedGCR's distinct client types): its domain id when all its samples
-        come from one domain, else None."""
-        ids = self.groups.get("domain") or []
-        return int(ids[0]) if len(ids) == 1 else None
 
 
 def to_split(x: np.ndarray, y: np.ndarray, mean: torch.Tensor, std: torch.Tensor, device: torch.device) -> Split:
@@ -69,7 +19,8 @@ def to_split(x: np.ndarray, y: np.ndarray, mean: torch.Tensor, std: torch.Tensor
     return Split(t.contiguous(), torch.from_numpy(np.asarray(y, dtype=np.int64)).to(device))
 
 
-def _normaliser(manifest: dict, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+def normaliser(manifest: dict, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """The per-channel (mean, std) of the manifest the data tensors are normalised with, on `device`."""
     return (torch.tensor(manifest["mean"], dtype=torch.float32, device=device),
             torch.tensor(manifest["std"], dtype=torch.float32, device=device))
 
@@ -91,7 +42,7 @@ def load_clients(manifest: dict, shards: list[ClientShard], device: torch.device
     split is carved from its training split (`carve_validation`, seeded by (seed, client)), and the
     test split is never loaded: its slot holds the validation data too, so nothing a trial computes
     comes from test data."""
-    mean, std = _normaliser(manifest, device)
+    mean, std = normaliser(manifest, device)
     clients = []
     for s in shards:
         arrays = {name: (s.x[name], s.y[name]) for name in ("train", "test", "val")}
@@ -110,7 +61,7 @@ def load_clients(manifest: dict, shards: list[ClientShard], device: torch.device
 
 def load_split(manifest: dict, shard: ClientShard, split: str, device: torch.device) -> Split:
     """One split of a shard (the official test set) as a normalised tensor split."""
-    mean, std = _normaliser(manifest, device)
+    mean, std = normaliser(manifest, device)
     return to_split(shard.x[split], shard.y[split], mean, std, device)
 
 

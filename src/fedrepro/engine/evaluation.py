@@ -4,8 +4,9 @@ Owns how the federation's clients are scored at an evaluated round: the global m
 client's own test (and validation) split in one pooled pass, each client's personalized model
 on its own splits, and how a client that has not trained yet is scored (`evaluation.untrained`:
 personalize, initial or exclude; `scored_by`). Personalized models are computed on batch
-streams of their own (per purpose, round and client), so evaluating never changes training.
-Every function takes the cell's `Engine` (engine.py).
+streams of their own (per purpose, round and client: training.Streams.personal), so evaluating
+never changes training. What it keeps across a cell's evaluations is its own (`Scoring`). Every
+function takes the cell (engine.py's `Engine`).
 """
 
 from __future__ import annotations
@@ -19,9 +20,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from ..federation import Client
 from ..io import derive_seed
 from ..metrics import accuracy, macro_f1
-from .data import Client
+from .training import set_params
 
 Params = dict[str, torch.Tensor]
 
@@ -37,6 +39,24 @@ UNTRAINED_RULES = ("personalize", "initial", "exclude")
 NO_SCORE = (math.nan, math.nan)  # accuracy and F1 of a client left out (excluded by the untrained rule)
 
 
+class Scoring:
+    """What evaluation keeps across a cell's evaluations: every split's inputs of all `clients`
+    concatenated once (`pooled`), and the seconds spent making and scoring personalized models
+    (`personal_seconds`: metrics.json's resources)."""
+
+    def __init__(self, clients: list[Client]):
+        self.clients = clients
+        self.inputs: dict[str, torch.Tensor] = {}
+        self.personal_seconds = 0.0
+
+    def pooled(self, split: str) -> torch.Tensor:
+        """All clients' inputs of one split in client order, concatenated once and cached:
+        the global model is scored on every client in a single batched pass."""
+        if split not in self.inputs:
+            self.inputs[split] = torch.cat([getattr(c, split).x for c in self.clients])
+        return self.inputs[split]
+
+
 def scores(y: torch.Tensor, pred: np.ndarray) -> tuple[float, float]:
     """Accuracy and macro-F1 of predictions `pred` of labels `y`."""
     yt = y.cpu().numpy()
@@ -46,7 +66,7 @@ def scores(y: torch.Tensor, pred: np.ndarray) -> tuple[float, float]:
 @torch.no_grad()
 def predict(engine, params: Params, x: torch.Tensor) -> np.ndarray:
     """The predicted classes of `x` under `params` (copied into the model object), in chunks."""
-    engine.set_params(params)
+    set_params(engine.model, params)
     engine.model.eval()
     bs = engine.training["eval_batch_size"]
     out = [engine.model(x[i : i + bs]).argmax(1) for i in range(0, len(x), bs)]
@@ -56,18 +76,10 @@ def predict(engine, params: Params, x: torch.Tensor) -> np.ndarray:
 @torch.no_grad()
 def probs(engine, params: Params, x: torch.Tensor) -> torch.Tensor:
     """The softmax outputs on `x` under `params`, in chunks."""
-    engine.set_params(params)
+    set_params(engine.model, params)
     engine.model.eval()
     bs = engine.training["eval_batch_size"]
     return torch.cat([F.softmax(engine.model(x[i : i + bs]), 1) for i in range(0, len(x), bs)])
-
-
-def pooled(engine, split: str) -> torch.Tensor:
-    """All clients' inputs of one split in client order, concatenated once and cached:
-    the global model is scored on every client in a single batched pass."""
-    if split not in engine._pooled_cache:
-        engine._pooled_cache[split] = torch.cat([getattr(c, split).x for c in engine.clients])
-    return engine._pooled_cache[split]
 
 
 def has_trained(engine, client: Client) -> bool:
@@ -101,7 +113,7 @@ def evaluate(engine, personal: bool = True) -> dict[str, Any]:
     global_params = method.global_params() if method.has_global else None
     for split in splits:
         if global_params is not None:
-            pred = engine.predict(global_params, pooled(engine, split))
+            pred = predict(engine, global_params, engine.scoring.pooled(split))
             bounds = np.cumsum([0] + [len(getattr(c, split)) for c in clients])
             got = [scores(getattr(c, split).y, pred[a:b]) if k else NO_SCORE
                    for c, a, b, k in zip(clients, bounds[:-1], bounds[1:], keep)]
@@ -113,13 +125,13 @@ def evaluate(engine, personal: bool = True) -> dict[str, Any]:
         t0 = time.perf_counter()
         per = {s: [] for s in splits}
         for c, how in zip(clients, record["scored_by"]):
-            params = engine.personal_model(c, how)
+            params = personal_model(engine, c, how)
             for split in splits:
                 data = getattr(c, split)
-                per[split].append(NO_SCORE if params is None else scores(data.y, engine.predict(params, data.x)))
+                per[split].append(NO_SCORE if params is None else scores(data.y, predict(engine, params, data.x)))
         for split in splits:
             record[f"{split}/personal"] = {"acc": [s[0] for s in per[split]], "f1": [s[1] for s in per[split]]}
-        engine.personal_eval_time += time.perf_counter() - t0
+        engine.scoring.personal_seconds += time.perf_counter() - t0
     return record
 
 
@@ -145,8 +157,5 @@ def personal(engine, client: Client, purpose: str = "eval-batches") -> Params:
     """A client's personalized model: the method's (`purpose` "eval-batches"), or its new-client
     personalization (`Method.personalize_unseen`). Fine-tuning draws its batches from a stream of
     its own per (purpose, round, client): independent of training and of evaluation order."""
-    engine._batch_purpose, engine._stream = purpose, 0
-    try:
+    with engine.streams.personal(purpose):
         return engine.method.personal_params(client) if purpose == "eval-batches" else engine.method.personalize_unseen(client)
-    finally:
-        engine._batch_purpose = "batches"

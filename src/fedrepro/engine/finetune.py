@@ -31,31 +31,7 @@ from typing import Any
 import torch
 
 from ..registry import ConfigError
-
-#: The final-model file a cell with a global model keeps beside its metrics.json.
-FINAL_MODEL = "final_model.pt"
-#: Its keys (its format).
-KEYS = ("identity", "round", "server", "rng", "history", "per_round")
-
-Params = dict[str, torch.Tensor]
-
-
-def final_state(engine) -> dict[str, Any]:
-    """What a fine-tuning row starts from, taken right after the last round's aggregation (before
-    its evaluation): the server state and torch's global random state."""
-    rng = {"cpu": torch.get_rng_state()}
-    if engine.device.type == "cuda":
-        rng["cuda"] = torch.cuda.get_rng_state(engine.device)
-    return {"round": engine.round, "server": dict(engine.method.server), "rng": rng}
-
-
-def save_final(engine, path: Path, identity: dict[str, Any]) -> None:
-    """Write the cell's final model (atomically, with torch.save) carrying the cell's `identity`."""
-    from .checkpoints import write_state
-
-    history, per_round = engine.final_records
-    write_state(path, {"identity": identity, **engine.final_state, "history": history, "per_round": per_round})
-
+from .final_model import FINAL_MODEL, read_final  # noqa: F401  (FINAL_MODEL: the workflow's name for the file)
 
 # -- which rows are derived ---------------------------------------------------------------------------
 
@@ -72,7 +48,7 @@ def finetune_class(cell: dict[str, Any]) -> type | None:
 
 @functools.lru_cache(maxsize=None)
 def _plus_ft(base: type) -> type:
-    from ..methods._finetune import with_head_finetuning
+    from ..methods import with_head_finetuning
 
     return with_head_finetuning(base, name=f"{base.name}+ft", summary=f"{base.name} + per-client fine-tuning of the head",
                                 paper=f"{base.paper} + fine-tuning as in pFL-Bench")
@@ -89,7 +65,7 @@ def base_problem(cell: dict[str, Any], base: dict[str, Any]) -> str | None:
     fine-tuning method of `base`'s method, scored only at its last round, and otherwise `base`
     (same data, model, seed, evaluation, hyper-parameters other than the ft_* ones, training other
     than how often personalized models are scored), neither tuned nor swept."""
-    from ..methods._finetune import FINETUNE_HPARAMS
+    from ..methods import FINETUNE_HPARAMS
 
     cls = finetune_class(cell)
     if cls is None:
@@ -102,13 +78,15 @@ def base_problem(cell: dict[str, Any], base: dict[str, Any]) -> str | None:
     if early and "finetune" not in cell:  # a "+FT" row is scored after training only, whatever its training says
         return f"it scores its fine-tuned column during training (rounds {early[:5]}): training.personal_eval_every"
     for key in ("tuned", "sweep", "validation"):
+        if key == "sweep" and "finetune" in cell and key not in base:
+            continue  # a "+FT" row's sweep varies its ft_* hparams only (fedrepro.config), not the base's model
         if key in cell or key in base:
             return f"a {key} cell trains its own model"
     same = {"hparams": lambda c: {k: v for k, v in c["hparams"].items() if k not in FINETUNE_HPARAMS},
             "training": lambda c: {k: v for k, v in c["training"].items() if k != "personal_eval_every"}}
     for key in sorted(set(cell) | set(base)):
-        if key in ("label", "method", "finetune"):
-            continue
+        if key in ("label", "method", "finetune") or (key == "sweep" and "finetune" in cell):
+            continue  # (a "+FT" row's sweep: its ft_* hparams, compared above)
         a, b = (same[key](cell), same[key](base)) if key in same else (cell.get(key), base.get(key))
         if a != b:
             return f"its {key} differs from the base cell's"
@@ -116,34 +94,6 @@ def base_problem(cell: dict[str, Any], base: dict[str, Any]) -> str | None:
 
 
 # -- the job --------------------------------------------------------------------------------------
-
-def read_final(path: Path, base_identity: dict[str, Any], device: torch.device, training: dict[str, Any]) -> dict[str, Any]:
-    """The final-model file's state, or ConfigError naming the file and why it is not believed
-    (damaged, foreign: another cell's or partition's, or inconsistent with the cell's rounds)."""
-    from ..custody import identity_mismatch
-    from .checkpoints import CheckpointRejected, read_state
-
-    try:
-        state = read_state(Path(path), device, KEYS, "final model")
-    except CheckpointRejected as exc:
-        raise ConfigError(f"final model {path} {exc}; retrain its cell") from None
-    problem = identity_mismatch(state["identity"], base_identity)
-    if problem:
-        raise ConfigError(f"final model {path} belongs to another cell or partition ({problem}); "
-                          f"allowed: the final model of {base_identity['label']}/seed{base_identity['seed']}")
-    rounds = training["rounds"]
-    evaluated = [r for r in range(1, rounds + 1) if r % training["eval_every"] == 0 or r == rounds]
-    history, per_round = state["history"], state["per_round"]
-    consistent = (state["round"] == rounds and isinstance(history, list) and all(isinstance(h, dict) for h in history)
-                  and [h.get("round") for h in history] == evaluated and isinstance(per_round, dict)
-                  and all(isinstance(per_round.get(k), list) and len(per_round[k]) == rounds for k in ("up", "down", "train_loss"))
-                  and isinstance(state["server"], dict) and isinstance(state["rng"], dict)
-                  and isinstance(state["rng"].get("cpu"), torch.Tensor))
-    if not consistent:
-        raise ConfigError(f"final model {path} is inconsistent with the cell's {rounds} rounds (evaluated: "
-                          f"{evaluated[:5]}{'...' if len(evaluated) > 5 else ''}); retrain its cell")
-    return state
-
 
 def _finished(cell: dict[str, Any], path: Path) -> dict[str, Any] | None:
     """The row's finished metrics.json at `path` (of this very cell: its identity, hash included),
@@ -200,10 +150,12 @@ def finetune_cell(cell: dict, base: dict, shards_dir: str | Path, out_dir: str |
     model of its base cell `base` (`base_key`: the hash the base's files carry, where it is not
     the hash of `base`); train the row in full where the base kept no final model (trained before
     final models were kept)."""
-    from ..custody import cell_identity
+    from ..custody import cell_identity, write_metrics
     from ..io import clean_stale, short_hash, write_json_atomic
     from ..provenance import collect
-    from .engine import Engine, build_metrics
+    from . import beyond, embedding as tsne, evaluation
+    from .engine import Engine
+    from .record import build_metrics
     from .run import open_cell, train_cell
 
     problem = base_problem(cell, base)
@@ -237,15 +189,15 @@ def finetune_cell(cell: dict, base: dict, shards_dir: str | Path, out_dir: str |
     if dev.type == "cuda" and "cuda" in state["rng"]:
         torch.cuda.set_rng_state(state["rng"]["cuda"], dev)
     t1 = time.perf_counter()
-    record = engine.evaluate(personal=True) | {"train_loss": state["history"][-1]["train_loss"]}
+    record = evaluation.evaluate(engine, personal=True) | {"train_loss": state["history"][-1]["train_loss"]}
     history.append(record)
-    beyond = engine.evaluate_beyond(record)
-    embedding = engine.embedding((cell.get("evaluation") or {}).get("embed_clients") or [])
+    scores_beyond = beyond.evaluate_beyond(engine, record)
+    embedding = tsne.embedding(engine, (cell.get("evaluation") or {}).get("embed_clients") or [])
     resources = {
         "wall_time_s": time.perf_counter() - t0,
         "train_time_s": 0.0,  # trained by the base cell
         "eval_time_s": time.perf_counter() - t1,
-        "personal_eval_time_s": engine.personal_eval_time,
+        "personal_eval_time_s": engine.scoring.personal_seconds,
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         "peak_gpu_mb": torch.cuda.max_memory_allocated() / 2**20 if dev.type == "cuda" else None,
         "device": str(dev),
@@ -253,7 +205,7 @@ def finetune_cell(cell: dict, base: dict, shards_dir: str | Path, out_dir: str |
         "finetuned_from": base["label"],  # how the row was made: the tables' note (report/tables.finetune_note)
     }
     trained = [[r for r in engine.trained_in[c.id] if r <= rounds] for c in engine.clients]
-    metrics = build_metrics(cell, engine.clients, history, state["per_round"], resources, beyond, engine.unseen,
+    metrics = build_metrics(cell, engine.clients, history, state["per_round"], resources, scores_beyond, engine.unseen,
                             trained, engine.untrained_rule, engine.method.report())
     if embedding is not None:
         metrics["embedding"] = embedding
@@ -261,5 +213,5 @@ def finetune_cell(cell: dict, base: dict, shards_dir: str | Path, out_dir: str |
     metrics["identity"] = identity
     derived = {"derived_from": {"identity": state["identity"], "final_model": str(final_model)}}
     write_json_atomic(out_dir / "provenance.json", collect(cell, manifest, dev, determinism) | {"identity": identity} | derived)
-    write_json_atomic(out_dir / "metrics.json", metrics)
+    write_metrics(out_dir / "metrics.json", metrics)
     return metrics

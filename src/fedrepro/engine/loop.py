@@ -5,7 +5,9 @@ sampled clients' `broadcast` and local updates (all at once in a vectorized roun
 after client, each from its own seed), the divergence check, `aggregate`, the bytes sent and
 the mean training loss, evaluation every `eval_every` rounds, checkpoints every
 `checkpoint_every` rounds; after the last round the beyond-protocols, the t-SNE picture and
-the metrics record. Every function takes the cell's `Engine` (engine.py).
+the metrics record. It calls the rooms that do each step directly (evaluation, checkpoints,
+beyond, embedding, final_model, record), never through the façade; the façade's verbs are the
+methods'. Every function takes the cell (engine.py's `Engine`).
 """
 
 from __future__ import annotations
@@ -18,9 +20,9 @@ from typing import Any
 
 import torch
 
+from ..federation import Update, payload_bytes
 from ..io import derive_seed
-from ..methods.base import Update, payload_bytes
-from .finetune import final_state
+from . import beyond, checkpoints, embedding as tsne, evaluation
 from .record import accuracies, build_metrics, summaries
 from .round_progress import RoundProgress
 
@@ -46,17 +48,14 @@ def train_round(engine, r: int) -> tuple[list[Update], int, int]:
     if engine.vectorized:
         payloads = [method.broadcast(c) for c in sampled]
         down = sum(payload_bytes(p) for p in payloads)
-        engine._streams, engine._vectorizing = {}, True
-        try:
+        with engine.streams.vectorized_round():
             updates = [_checked(u, cid, r) for u, cid in zip(method.local_updates(sampled, payloads), cids)]
-        finally:
-            engine._vectorizing = False
     else:
         updates, down = [], 0
         for cid, client in zip(cids, sampled):
             payload = method.broadcast(client)
             down += payload_bytes(payload)
-            engine._stream = 0
+            engine.streams.start_client()
             torch.manual_seed(derive_seed(engine.seed, "local-update", r, cid))
             updates.append(_checked(method.local_update(client, payload), cid, r))
     up = sum(payload_bytes(u.params) + payload_bytes(u.extras) for u in updates)
@@ -73,7 +72,7 @@ def run(engine) -> dict[str, Any]:
     history: list[dict] = []
     per_round = {"up": [], "down": [], "train_loss": []}  # bytes and mean training loss of every round
     start = 1
-    resumed = engine.load_checkpoint()
+    resumed = checkpoints.load(engine)
     if resumed is not None:
         done, history, per_round = resumed
         start = done + 1
@@ -82,7 +81,7 @@ def run(engine) -> dict[str, Any]:
     for r in range(start, rounds + 1):
         engine.round = r
         t1 = time.perf_counter()
-        updates, up, down = engine.train_round(r)
+        updates, up, down = train_round(engine, r)
         engine.method.aggregate(updates)
         n = sum(u.num_samples for u in updates)
         train_loss = sum(u.loss * u.num_samples for u in updates) / max(n, 1)
@@ -92,9 +91,9 @@ def run(engine) -> dict[str, Any]:
         t2 = time.perf_counter()
         train_time += t2 - t1
         if r == rounds:  # the state a fine-tuning row of this cell starts its scoring from (finetune.py)
-            engine.final_state = final_state(engine)
+            engine.final.take_state(engine)
         if r % t["eval_every"] == 0 or r == rounds:
-            record = engine.evaluate(personal=r % (t.get("personal_eval_every") or 1) == 0 or r == rounds)
+            record = evaluation.evaluate(engine, personal=r % (t.get("personal_eval_every") or 1) == 0 or r == rounds)
             record["train_loss"] = train_loss
             history.append(record)
             eval_time += time.perf_counter() - t2
@@ -103,26 +102,26 @@ def run(engine) -> dict[str, Any]:
         else:
             bar.update(r, None, train_loss, None, up, down)
         if r % t["checkpoint_every"] == 0 and r < rounds:
-            engine.save_checkpoint(history, per_round)
+            checkpoints.save(engine, history, per_round)
     bar.close()
-    engine.final_records = (history, per_round)  # what a derived fine-tuning row re-scores (finetune.save_final)
+    engine.final.records = (history, per_round)  # what a derived fine-tuning row re-scores (final_model.save_final)
     t3 = time.perf_counter()
-    beyond = engine.evaluate_beyond(history[-1])
-    embedding = engine.embedding((engine.cell.get("evaluation") or {}).get("embed_clients") or [])
+    scores_beyond = beyond.evaluate_beyond(engine, history[-1])
+    embedding = tsne.embedding(engine, (engine.cell.get("evaluation") or {}).get("embed_clients") or [])
     eval_time += time.perf_counter() - t3
     resources = {
         "wall_time_s": time.perf_counter() - t0,
         "train_time_s": train_time,
         "eval_time_s": eval_time,
         # the part of the rounds' evaluations that made and scored the personalized models (fine-tuning, probes)
-        "personal_eval_time_s": engine.personal_eval_time,
+        "personal_eval_time_s": engine.scoring.personal_seconds,
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         "peak_gpu_mb": torch.cuda.max_memory_allocated() / 2**20 if engine.device.type == "cuda" else None,
         "device": str(engine.device),
         "resumed_from_round": start - 1,
     }
     trained = [[r for r in engine.trained_in[c.id] if r <= rounds] for c in engine.clients]
-    metrics = build_metrics(engine.cell, engine.clients, history, per_round, resources, beyond, engine.unseen,
+    metrics = build_metrics(engine.cell, engine.clients, history, per_round, resources, scores_beyond, engine.unseen,
                             trained, engine.untrained_rule, engine.method.report())
     if embedding is not None:
         metrics["embedding"] = embedding

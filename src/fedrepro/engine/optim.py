@@ -47,3 +47,9 @@ def lr_at(schedule: dict[str, Any], base_lr: float, round: int) -> float:
         total = schedule["total_rounds"]
         return schedule["min_lr"] + 0.5 * (base_lr - schedule["min_lr"]) * (1 + math.cos(math.pi * (round - 1) / max(1, total)))
     raise ValueError(f"unknown lr schedule {name!r}")
+
+
+def round_lr(training: dict[str, Any], round: int) -> float:
+    """The learning rate of a cell's local training in `round` under its `training` settings
+    (before the first round, round 1's)."""
+    return lr_at(training["lr_schedule"], training["optimizer"]["lr"], max(round, 1))

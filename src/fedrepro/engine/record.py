@@ -1,6 +1,6 @@
 """metrics.json: the record of one trained cell.
 
-Owns the layout of metrics.json (schema `fedrepro.metrics/1`): the cell's identity
+Owns the layout of metrics.json (schema custody.METRICS_SCHEMA): the cell's identity
 (`metrics_cell`), the last round's per-client scores and their aggregates (`summaries`), the
 learning curves of the evaluated rounds, best-on-validation, the beyond-protocols' scores,
 per-client training rounds and how each client was scored, communication and resources.
@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from ..custody import METRICS_SCHEMA
 from ..metrics import STATS, summarize, type_summary
 from .data import Client
 
@@ -55,7 +56,7 @@ def build_metrics(cell: dict, clients: list[Client], history: list[dict], per_ro
                   method_report: dict | None = None) -> dict[str, Any]:
     """metrics.json: the last round's per-client scores and aggregates (never the best
     round on test data), curves every k rounds, best-on-validation as an extra; after
-    training, the scores on unseen clients and global test sets (`Engine.evaluate_beyond`);
+    training, the scores on unseen clients and global test sets (`beyond.evaluate_beyond`);
     per client the rounds it trained in and how its final scores were obtained."""
     test_sizes = [len(c.test) for c in clients]
     val_sizes = [len(c.val) for c in clients]
@@ -96,7 +97,7 @@ def build_metrics(cell: dict, clients: list[Client], history: list[dict], per_ro
         best_val = {"round": history[best]["round"], "selected_by": f"val {kind} acc weighted_mean",
                     "summary": {k: _clean_stats(v) for k, v in summaries(history[best], "test", test_sizes).items()}}
     return {
-        "schema": "fedrepro.metrics/1",
+        "schema": METRICS_SCHEMA,
         "cell": metrics_cell(cell),
         "status": "ok",
         "failure": None,

@@ -9,15 +9,15 @@ from typing import Any
 
 import torch
 
-from ..custody import cell_identity
+from ..custody import METRICS_SCHEMA, cell_identity, write_metrics
 from ..data.shards import load_partition_with_official
 from ..io import clean_stale, write_json_atomic
 from ..provenance import collect
 from ..registry import ConfigError
 from .data import load_clients, load_split
 from .engine import Engine
-from .finetune import FINAL_MODEL, save_final
-from .loop import TrainingDiverged
+from .final_model import FINAL_MODEL, save_final
+from .loop import TrainingDiverged, run as run_rounds
 from .record import metrics_cell
 
 
@@ -51,7 +51,7 @@ def set_determinism(deterministic: bool) -> dict[str, Any]:
 def failed_metrics(cell: dict, reason: str, round: int | None, identity: dict[str, Any]) -> dict[str, Any]:
     return {
         "identity": identity,
-        "schema": "fedrepro.metrics/1",
+        "schema": METRICS_SCHEMA,
         "cell": metrics_cell(cell),
         "status": "failed",
         "failure": {"reason": reason, "round": round},
@@ -64,7 +64,7 @@ def train_cell(cell: dict, shards_dir: str | Path, out_dir: str | Path, checkpoi
     """Train `cell` on the partition in `shards_dir`; write metrics.json and provenance.json, both
     with the cell's identity (fedrepro.custody.cell_identity; `cell_key`: the hash of the cell as
     the workflow resolved it, where `cell` is a tuned one, else the hash of `cell`). A cell with a
-    global model also keeps its final model (finetune.FINAL_MODEL), what its fine-tuning rows score.
+    global model also keeps its final model (final_model.FINAL_MODEL), what its fine-tuning rows score.
     `method_class`: the method to train with instead of the cell's registered one (a "+FT" row)."""
     out_dir = Path(out_dir)
     for folder in {out_dir, *([Path(checkpoint).parent] if checkpoint else [])}:
@@ -76,18 +76,18 @@ def train_cell(cell: dict, shards_dir: str | Path, out_dir: str | Path, checkpoi
                     official_test=official, method_class=method_class)
     identity = cell_identity(cell, manifest, cell_key)
     try:
-        metrics = engine.run() | {"identity": identity}
+        metrics = run_rounds(engine) | {"identity": identity}
     except TrainingDiverged as exc:
         print(f"[fedrepro] cell {label} FAILED: {exc.reason}", file=sys.stderr)
         metrics = failed_metrics(cell, exc.reason, exc.round, identity)
     # before metrics.json, so a finished cell has both; a failed one keeps none (no row is scored from an
     # earlier run's model). Tuning trials and tuned cells are no fine-tuning row's base (finetune.base_problem).
     if metrics["status"] == "ok" and engine.method.has_global and not {"validation", "tuned"} & set(cell):
-        save_final(engine, out_dir / FINAL_MODEL, identity)
+        save_final(engine.final, out_dir / FINAL_MODEL, identity)
     elif (out_dir / FINAL_MODEL).exists():
         (out_dir / FINAL_MODEL).unlink()
     write_json_atomic(out_dir / "provenance.json", collect(cell, manifest, dev, determinism) | {"identity": identity})
-    write_json_atomic(out_dir / "metrics.json", metrics)
+    write_metrics(out_dir / "metrics.json", metrics)
     if checkpoint and Path(checkpoint).exists():
         Path(checkpoint).unlink()
     return metrics

@@ -1,28 +1,122 @@
-"""Local training: the tools a method trains the one model object with.
+"""Local training: the tools a method trains the one model object with, and the state they keep.
 
-Owns how a client's data becomes seeded mini-batches (`batches`: one stream per round,
-client and call), the fresh optimizer of every fit, `fit` (one client's epochs on its split,
-with frozen parts, a custom loss or a gradient hook), `fit_many` (the sampled clients' fits:
-one vectorized computation in a vectorized round, else client after client through `fit`),
-and the extra passes methods need (`forward_with`, `features`, `fit_head`, `finetune_head`).
-Every function takes the cell's `Engine` (engine.py), whose model object, streams and
-settings it uses; the Engine exposes them to the methods as its own methods.
+Owns the cell's seeded batch streams (`Streams`: which generator every `batches` call draws its
+order and augmentation from), parameters in and out of the model object (`get_params`,
+`set_params`), the fresh optimizer of every fit, `fit` (one client's epochs on its split, with
+frozen parts, a custom loss or a gradient hook), `fit_many` (the sampled clients' fits: one
+vectorized computation in a vectorized round, else client after client through `fit`), the
+compiled step (`CompiledStep`), and the extra passes methods need (`forward_with`, `features`,
+`fit_head`, `finetune_head`). The functions take the cell (engine.py's `Engine`) and read its
+model object, settings and round; they call each other here, never back into the façade, which
+hands them to the methods as its verbs.
 """
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from typing import Any, Callable, Iterable, Iterator
 
 import torch
 import torch.nn.functional as F
 
-from ..methods.base import Batch, ClientFit, FitResult, select
+from ..federation import Batch, Client, ClientFit, FitResult, Split, select
+from ..io import derive_seed
 from ..models import SplitModel
-from .data import Client, Split
-from .optim import OPTIMIZERS
 from .vectorized import compiled_model, fit_many as fit_many_vectorized, replays_cuda_graphs, vectorize_blocker
+from .optim import OPTIMIZERS, round_lr
 
 Params = dict[str, torch.Tensor]
+
+
+class Streams:
+    """The cell's batch streams. Every batch order (and its augmentation) is drawn from a generator
+    seeded by (seed, purpose, round, client, position) (`io.derive_seed`), never from one running
+    stream, so a run resumed from a checkpoint draws what an uninterrupted one draws.
+
+    `purpose` is "batches" in training, another one while personalized models are computed
+    (`personal`: evaluation never changes training); `position` counts the current client's
+    `batches` calls (each client's local update starts at 0); in a vectorized round each client keeps
+    its own position across the round's fits (`positions`, None outside one)."""
+
+    def __init__(self, seed: int):
+        self.seed = seed
+        self.purpose = "batches"
+        self.position = 0
+        self.positions: dict[int, int] | None = None
+
+    def generator(self, *keys: int | str) -> torch.Generator:
+        return torch.Generator().manual_seed(derive_seed(self.seed, *keys))
+
+    def next(self, round: int, client_id: int) -> torch.Generator:
+        """The generator of the next `batches` call of `client_id` in `round`."""
+        g = self.generator(self.purpose, round, client_id, self.position)
+        self.position += 1
+        return g
+
+    def start_client(self) -> None:
+        """A client's local update starts at the beginning of its streams (sequential rounds)."""
+        self.position = 0
+
+    @property
+    def vectorizing(self) -> bool:
+        """Inside a vectorized round's local updates (loop.train_round)."""
+        return self.positions is not None
+
+    @contextmanager
+    def vectorized_round(self) -> Iterator[None]:
+        self.positions = {}
+        try:
+            yield
+        finally:
+            self.positions = None
+
+    def resume(self, client_id: int) -> None:
+        """In a vectorized round: continue `client_id`'s streams where its last fit of the round left them."""
+        if self.positions is not None:
+            self.position = self.positions.get(client_id, 0)
+
+    def suspend(self, client_id: int) -> None:
+        if self.positions is not None:
+            self.positions[client_id] = self.position
+
+    @contextmanager
+    def personal(self, purpose: str) -> Iterator[None]:
+        """Streams of their own per (purpose, round, client) while a personalized model is computed."""
+        self.purpose, self.position = purpose, 0
+        try:
+            yield
+        finally:
+            self.purpose = "batches"
+
+
+class CompiledStep:
+    """The model object under `torch.compile` (`training.compile`), built once per cell when a fit
+    first uses it (`module`: None until then)."""
+
+    def __init__(self, setting: bool | str):
+        self.setting = setting
+        self.module: torch.nn.Module | None = None
+
+    def forward(self, model: torch.nn.Module, device: torch.device) -> torch.nn.Module:
+        if self.module is None:
+            self.module = compiled_model(model, self.setting, device)
+        return self.module
+
+
+def get_params(model: SplitModel, prefixes: Iterable[str] = ("",)) -> Params:
+    """A copy of the model's parameters and buffers whose names start with `prefixes`; a frozen
+    part (`SplitModel.frozen_prefixes`, a pretrained backbone) is never among them."""
+    frozen = model.frozen_prefixes
+    return {k: v.detach().clone() for k, v in select(model.state_dict(), prefixes).items()
+            if not (frozen and k.startswith(frozen))}
+
+
+def set_params(model: torch.nn.Module, params: Params) -> None:
+    """Copy `params` into the one model object (names not given are left as they are)."""
+    state = model.state_dict()
+    with torch.no_grad():
+        for k, v in params.items():
+            state[k].copy_(v)
 
 
 def batches(engine, client: Client, *, epochs: int | None = None, batch_size: int | None = None,
@@ -36,8 +130,7 @@ def batches(engine, client: Client, *, epochs: int | None = None, batch_size: in
     batch_size = batch_size or t["batch_size"]
     data: Split = getattr(client, split)
     n = len(data)
-    g = engine.generator(engine._batch_purpose, engine.round, client.id, engine._stream)
-    engine._stream += 1
+    g = engine.streams.next(engine.round, client.id)
     stop = n - n % batch_size if t["drop_last"] and n >= batch_size else n
     steps = 0
     for _ in range(epochs):
@@ -56,7 +149,8 @@ def batches(engine, client: Client, *, epochs: int | None = None, batch_size: in
 def optimizer(engine, params: Iterable[torch.Tensor], lr: float | None = None) -> torch.optim.Optimizer:
     """A fresh optimizer of the configured kind over `params` at the round's learning rate."""
     cfg = engine.training["optimizer"]
-    return OPTIMIZERS[cfg["name"]](list(params), engine.lr if lr is None else lr, cfg["momentum"], cfg["weight_decay"])
+    lr = round_lr(engine.training, engine.round) if lr is None else lr
+    return OPTIMIZERS[cfg["name"]](list(params), lr, cfg["momentum"], cfg["weight_decay"])
 
 
 def fit(engine, client: Client, *, epochs: int | None = None, trainable: Iterable[str] = ("",), lr: float | None = None,
@@ -76,17 +170,18 @@ def fit(engine, client: Client, *, epochs: int | None = None, trainable: Iterabl
     frozen = [p for name, p in named if not name.startswith(trainable) and p.requires_grad]
     for p in frozen:  # no gradients for the frozen part: cheaper, and the optimizer never sees it
         p.requires_grad_(False)
-    opt = engine.optimizer(params, lr)
+    opt = optimizer(engine, params, lr)
     model = engine.model
     model.train()
     # The compiled step replaces the standard forward; a custom loss reads features and logits,
     # and CUDA-graph replays of a partly frozen model were wrong on a GPU (vectorized.py).
-    compiled = engine.compile and loss_fn is None and not (frozen and replays_cuda_graphs(engine.compile, engine.device))
-    forward = compiled_forward(engine) if compiled else None
+    setting = engine.compiled.setting
+    compiled = setting and loss_fn is None and not (frozen and replays_cuda_graphs(setting, engine.device))
+    forward = engine.compiled.forward(model, engine.device) if compiled else None
     total = torch.zeros((), device=engine.device)
     seen, steps = 0, 0
     try:
-        for x, y in engine.batches(client, epochs=epochs, batch_size=batch_size, split=split, max_steps=max_steps):
+        for x, y in batches(engine, client, epochs=epochs, batch_size=batch_size, split=split, max_steps=max_steps):
             if forward is not None:
                 loss = F.cross_entropy(forward(x), y)
             else:
@@ -107,36 +202,43 @@ def fit(engine, client: Client, *, epochs: int | None = None, trainable: Iterabl
     return FitResult(float(total) / max(seen, 1), steps)
 
 
-def compiled_forward(engine) -> torch.nn.Module:
-    """The model object under `torch.compile` (`training.compile`), built once per cell."""
-    if engine._compiled is None:
-        engine._compiled = compiled_model(engine.model, engine.compile, engine.device)
-    return engine._compiled
-
-
 def fit_many(engine, clients: list[Client], starts: list[Params], **options: Any) -> list[ClientFit]:
     """`fit` of each of `clients` from its own parameters `starts[i]` (names not given: the model
     object's), with the same `options` (`fit`'s) for all; each client's trained parameters and loss.
 
-    In a vectorized round (`Engine.train_round` with `training.vectorize`) the fits run as one
+    In a vectorized round (loop.train_round with `training.vectorize`) the fits run as one
     computation (engine/vectorized.py), each client at its own position in its batch streams, and
     the model object is left as it was; where that cannot be the same computation (a `loss_fn`)
     and in every other case they run client after client through `fit`, each ending with its
     result in the model object (the last client's stays there, as after `fit`)."""
-    vectorizing = engine._vectorizing
-    if vectorizing and vectorize_blocker(engine.model, options.get("loss_fn")) is None:
+    streams = engine.streams
+    if streams.vectorizing and vectorize_blocker(engine.model, options.get("loss_fn")) is None:
         options = {k: v for k, v in options.items() if k != "loss_fn"}  # None here
-        return fit_many_vectorized(engine, clients, starts, engine._streams, **options)
+        return _vectorized_fits(engine, clients, starts, **options)
     out = []
     for client, start in zip(clients, starts):
-        if vectorizing:  # the client's position in its own streams of this round, as vectorized fits keep it
-            engine._stream = engine._streams.get(client.id, 0)
-        engine.set_params(start)
-        result = engine.fit(client, **options)
-        out.append(ClientFit(engine.get_params(), result.loss, result.steps))
-        if vectorizing:
-            engine._streams[client.id] = engine._stream
+        streams.resume(client.id)  # in a vectorized round: its position in its own streams, as vectorized fits keep it
+        set_params(engine.model, start)
+        result = fit(engine, client, **options)
+        out.append(ClientFit(get_params(engine.model), result.loss, result.steps))
+        streams.suspend(client.id)
     return out
+
+
+def _vectorized_fits(engine, clients: list[Client], starts: list[Params], *, epochs: int | None = None,
+                         lr: float | None = None, batch_size: int | None = None, max_steps: int | None = None,
+                         **options: Any) -> list[ClientFit]:
+    """`fit_many` as one vectorized computation (vectorized.fit_many), each client drawing the
+    batches its sequential fit would draw, at its position in its streams of this round."""
+    def draw(client: Client) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        engine.streams.resume(client.id)
+        out = list(batches(engine, client, epochs=epochs, batch_size=batch_size, split=options.get("split", "train"),
+                           max_steps=max_steps))
+        engine.streams.suspend(client.id)
+        return out
+
+    return fit_many_vectorized(engine.model, engine.device, clients, starts, draw,
+                               lambda params: optimizer(engine, params, lr), **options)
 
 
 def forward_with(engine, params: Params, x: torch.Tensor, features: bool = False) -> torch.Tensor:
@@ -170,12 +272,12 @@ def finetune_head(engine, params: Params, client: Client, *, epochs: int, lr: fl
     forward pass plus the head's own steps. Uses its own random stream, so evaluating
     never changes training.
     """
-    engine.set_params({**params, **(select(engine.initial_params, ("head.",)) if fresh else {})})
-    feats = engine.features(client.train.x)
+    set_params(engine.model, {**params, **(select(engine.initial_params, ("head.",)) if fresh else {})})
+    feats = features(engine, client.train.x)
     opt = torch.optim.SGD(engine.model.head.parameters(), lr=lr, momentum=momentum)
-    engine.fit_head(feats, client.train.y, epochs=epochs, batch_size=batch_size, opt=opt,
-                    g=engine.generator("finetune", engine.round, client.id))
-    return engine.get_params(("head.",))
+    fit_head(engine, feats, client.train.y, epochs=epochs, batch_size=batch_size, opt=opt,
+             g=engine.streams.generator("finetune", engine.round, client.id))
+    return get_params(engine.model, ("head.",))
 
 
 def fit_head(engine, z: torch.Tensor, y: torch.Tensor, *, epochs: int, batch_size: int, opt: torch.optim.Optimizer,

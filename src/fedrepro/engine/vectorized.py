@@ -2,17 +2,18 @@
 compiled training step.
 
 Both are opt-in (`training.vectorize`, `training.compile`); the default is the engine's
-sequential, eager `Engine.fit`, bit for bit as before.
+sequential, eager `fit` (training.py), bit for bit as before. This module computes only: it
+takes the model and what training.py draws for it, and never the engine's state.
 
 Vectorized fits (`fit_many`). Personalized-FL models are small and train at batch 10-64,
 so one client's step launches a few dozen tiny kernels and a GPU idles between them. Here
 the sampled clients' parameters are stacked along a new leading dimension and every local
 step of all of them is one `torch.func.vmap` of `functional_call` over (parameters, batch):
 K clients cost about one client's kernel launches. It is the same computation as K
-sequential `Engine.fit` calls, to floating-point tolerance:
+sequential `fit` calls, to floating-point tolerance:
 
-* each client gets exactly the batches the sequential path draws (the engine's own
-  `batches` generator, same seeded stream per round, client and call, augmentation included);
+* each client gets exactly the batches the sequential path draws (training.py draws them from
+  the same seeded stream per round, client and call, augmentation included);
 * clients with fewer steps (fewer samples) or a shorter last batch are padded: padded
   samples have loss weight 0, so a client's loss is its mean over its real samples, and a
   client whose steps are over receives zero gradients; its parameters are read off right
@@ -32,7 +33,7 @@ its `fit_many` calls here).
 
 Compiled step (`compiled_model`). `torch.compile` of the model object (forward and, via
 AOTAutograd, backward); on CUDA with mode "reduce-overhead" the step is replayed as a CUDA
-graph. Used by `Engine.fit` for the standard cross-entropy step only: with a custom
+graph. Used by `fit` (training.py) for the standard cross-entropy step only: with a custom
 `loss_fn` (which reads features and logits separately) the eager model runs, and so does a
 fit that freezes part of the model (FedRep's, FedBABU's phases) where the step is replayed as
 CUDA graphs: on an H100 (torch 2.11, 2026-11-26) FedRep's compiled uploads differed from the
@@ -42,17 +43,13 @@ inductor and aot_eager without CUDA graphs match eager for both phases (tests/te
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..methods.base import ClientFit  # the engine <-> method contract (re-exported here)
-
-if TYPE_CHECKING:  # pragma: no cover
-    from ..methods.base import Engine  # the tools a fit uses (a protocol: this module never imports engine.py)
-    from .data import Client
+from ..federation import Client, ClientFit
 
 Params = dict[str, torch.Tensor]
 
@@ -87,35 +84,24 @@ class _StackedView:
         return iter(self._stacked.values())
 
 
-def _client_batches(engine: "Engine", client: "Client", streams: dict[int, int], **kw) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """The batches the sequential path would draw for `client` in this call: the engine's
-    own generator, at the client's position in its per-round stream sequence."""
-    engine._stream = streams.get(client.id, 0)
-    out = list(engine.batches(client, **kw))
-    streams[client.id] = engine._stream
-    return out
-
-
 def fit_many(
-    engine: "Engine",
-    clients: list["Client"],
+    model: nn.Module,
+    device: torch.device,
+    clients: list[Client],
     starts: list[Params],
-    streams: dict[int, int],
+    draw: Callable[[Client], list[tuple[torch.Tensor, torch.Tensor]]],
+    optimizer: Callable[[list[torch.Tensor]], torch.optim.Optimizer],
     *,
-    epochs: int | None = None,
     trainable: Iterable[str] = ("",),
-    lr: float | None = None,
-    batch_size: int | None = None,
     split: str = "train",
-    max_steps: int | None = None,
     before_step: Callable[[Any], None] | None = None,
 ) -> list[ClientFit]:
-    """`Engine.fit` for every client of `clients` from its own start (`starts[i]`, a full
-    state dict), run as one vectorized computation. `streams` carries each client's batch
-    stream position across calls of one round (Ditto's two fits, FedRep's two phases)."""
+    """`fit` (engine/training.py) for every client of `clients` from its own start (`starts[i]`, a
+    full state dict), run as one vectorized computation on `model`'s structure. `draw(client)`: the
+    batches the sequential fit would draw for the client (training.py owns the streams);
+    `optimizer(params)`: the fit's fresh optimizer over the stacked trainable tensors."""
     from torch.func import functional_call, vmap
 
-    model = engine.model
     trainable = tuple(trainable)
     k = len(clients)
     names = [n for n, _ in model.named_parameters()]
@@ -126,10 +112,9 @@ def fit_many(
     for n in names + buffer_names:
         t = torch.stack([s[n] if n in s else state[n] for s in starts]).detach().clone()
         stacked[n] = t.requires_grad_(n in grad_names)
-    opt = engine.optimizer([stacked[n] for n in grad_names], lr)
+    opt = optimizer([stacked[n] for n in grad_names])
 
-    per_client = [_client_batches(engine, c, streams, epochs=epochs, batch_size=batch_size, split=split,
-                                  max_steps=max_steps) for c in clients]
+    per_client = [draw(c) for c in clients]
     steps = [len(b) for b in per_client]
     total_steps = max(steps, default=0)
     sample = getattr(clients[0], split).x
@@ -142,7 +127,7 @@ def fit_many(
     batched_loss = vmap(loss_of)
     results: list[ClientFit | None] = [None] * k
     finished: list[torch.Tensor | None] = [None] * k  # loss sums, read back once after the loop
-    total = torch.zeros(k, device=engine.device)
+    total = torch.zeros(k, device=device)
     seen = [0] * k
     model.train()
 
@@ -159,7 +144,7 @@ def fit_many(
     chunk = max(1, _STAGING_ELEMENTS // per_step)
     for c0 in range(0, total_steps, chunk):
         c1 = min(total_steps, c0 + chunk)
-        x, y, w = _stage(per_client, c0, c1, width, sample, engine.device)
+        x, y, w = _stage(per_client, c0, c1, width, sample, device)
         for s in range(c0, c1):
             losses = batched_loss(stacked, x[s - c0], y[s - c0], w[s - c0])
             opt.zero_grad(set_to_none=True)

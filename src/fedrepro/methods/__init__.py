@@ -12,6 +12,7 @@ import importlib
 import pkgutil
 
 from ..registry import Registry
+from ._finetune import FINETUNE_HPARAMS, with_head_finetuning  # the fine-tuning wrapper, public (engine/finetune.py, config)
 from .base import Method, Update, payload_bytes, select, weighted_average
 
 METHODS: Registry = Registry("method", plugin_group="fedrepro.methods")
@@ -30,4 +31,5 @@ def _discover() -> None:
 
 _discover()
 
-__all__ = ["METHODS", "Method", "Update", "payload_bytes", "register", "select", "weighted_average"]
+__all__ = ["FINETUNE_HPARAMS", "METHODS", "Method", "Update", "payload_bytes", "register", "select", "weighted_average",
+           "with_head_finetuning"]

@@ -14,7 +14,7 @@ travel and the engine counts exactly those bytes. The server keeps the dense for
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -22,10 +22,7 @@ from torch import nn
 
 from ..registry import Param
 from ._helpers import class_prototypes
-from .base import Batch, Engine
-
-if TYPE_CHECKING:  # pragma: no cover
-    from ..engine.data import Client
+from .base import Batch, Client, Engine
 
 Message = dict[str, torch.Tensor]
 

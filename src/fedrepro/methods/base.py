@@ -31,84 +31,16 @@ train the one shared model object with parameters swapped in.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterable, Iterator, Protocol
+from typing import Any, ClassVar
 
 import torch
 
+# The contract between the engine and the methods (the engine's tools, the messages of a round) is
+# the shared vocabulary of fedrepro.federation: a method imports it, never the engine. Re-exported
+# here, where methods and plugins have always imported these names from.
+from ..federation import (Batch, Client, ClientFit, Engine, FitResult, Params, Update, payload_bytes,  # noqa: F401
+                          select, weighted_average)
 from ..registry import Param
-
-if TYPE_CHECKING:  # pragma: no cover
-    from ..engine.data import Client  # a plain data module: it imports no method
-
-Params = dict[str, torch.Tensor]
-
-
-# The contract between the engine and the methods lives here, on the methods' side: the engine
-# imports the methods (to build the configured one), so a method never imports the engine.
-@dataclass
-class Batch:
-    """What a `fit(loss_fn=...)` loss sees for one mini-batch."""
-
-    x: torch.Tensor
-    y: torch.Tensor
-    features: torch.Tensor
-    logits: torch.Tensor
-
-
-@dataclass
-class FitResult:
-    loss: float  # mean training loss over the samples seen
-    steps: int
-
-
-@dataclass
-class ClientFit:
-    """One client's result of `fit_many`: its trained parameters and buffers, its loss."""
-
-    params: Params
-    loss: float
-    steps: int
-
-
-class Engine(Protocol):
-    """The engine's tools a method uses (implemented by `fedrepro.engine.engine.Engine`)."""
-
-    model: torch.nn.Module
-    device: torch.device
-    seed: int
-    clients: list["Client"]
-    training: dict[str, Any]
-    num_classes: int
-    round: int
-    initial_params: Params
-    lr: float
-    augment: Callable[[torch.Tensor, torch.Generator], torch.Tensor] | None
-    normalisation: tuple[torch.Tensor, torch.Tensor]  # per-channel (mean, std) the data tensors were normalised with
-
-    def client(self, client_id: int) -> "Client": ...
-    def get_params(self, prefixes: Iterable[str] = ("",)) -> Params: ...
-    def set_params(self, params: Params) -> None: ...
-    def generator(self, *keys: int | str) -> torch.Generator: ...
-    def batches(self, client: "Client", **kw: Any) -> Iterator[tuple[torch.Tensor, torch.Tensor]]: ...
-    def optimizer(self, params: Iterable[torch.Tensor], lr: float | None = None) -> torch.optim.Optimizer: ...
-    def fit(self, client: "Client", **kw: Any) -> FitResult: ...
-    def fit_many(self, clients: list["Client"], starts: list[Params], **kw: Any) -> list[ClientFit]: ...
-    def forward_with(self, params: Params, x: torch.Tensor, features: bool = False) -> torch.Tensor: ...
-    def features(self, x: torch.Tensor) -> torch.Tensor: ...
-    def finetune_head(self, params: Params, client: "Client", **kw: Any) -> Params: ...
-    def fit_head(self, z: torch.Tensor, y: torch.Tensor, **kw: Any) -> None: ...
-
-
-@dataclass
-class Update:
-    """What one client uploads after its local update."""
-
-    client_id: int
-    num_samples: int
-    params: Params = field(default_factory=dict)
-    extras: dict[str, Any] = field(default_factory=dict)  # prototypes, control-variate deltas, losses, ...
-    loss: float = float("nan")
 
 
 class Method:
@@ -195,44 +127,3 @@ class Method:
             return None
         self.local_update(client, self.broadcast(client))
         return self.personal_params(client)
-
-
-def select(params: Params, prefixes: Iterable[str]) -> Params:
-    """The entries of `params` whose names start with one of `prefixes` ("" selects all)."""
-    prefixes = tuple(prefixes)
-    return {k: v for k, v in params.items() if k.startswith(prefixes)} if prefixes else {}
-
-
-def weighted_average(updates: list[Update], key: str = "params") -> Params:
-    """FedAvg: sum_i (n_i / sum_j n_j) * theta_i over the updates' tensors.
-
-    Integer buffers (BatchNorm's num_batches_tracked) cannot be averaged; the maximum is kept.
-    """
-    if not updates:
-        return {}
-    total = float(sum(u.num_samples for u in updates))
-    payloads = [u.params if key == "params" else u.extras[key] for u in updates]
-    out: Params = {}
-    for name, ref in payloads[0].items():
-        tensors = [p[name] for p in payloads]
-        if ref.is_floating_point():
-            acc = torch.zeros_like(ref)
-            for u, t in zip(updates, tensors):
-                acc.add_(t, alpha=u.num_samples / total)
-            out[name] = acc
-        else:
-            out[name] = torch.stack(tensors).max(0).values
-    return out
-
-
-def payload_bytes(obj: Any) -> int:
-    """Bytes a message would take on the wire: tensors by size, numbers as 8 bytes."""
-    if isinstance(obj, torch.Tensor):
-        return obj.numel() * obj.element_size()
-    if isinstance(obj, dict):
-        return sum(payload_bytes(v) for v in obj.values())
-    if isinstance(obj, (list, tuple)):
-        return sum(payload_bytes(v) for v in obj)
-    if isinstance(obj, (int, float)):
-        return 8
-    return 0

@@ -18,8 +18,9 @@ import pandas as pd
 
 from fedrepro.custody import ResultsError, check_unique, parse_token, read_metrics, warn_unchecked
 from fedrepro.io import atomic_path, write_json_atomic
+from fedrepro.metrics import STATS
+from fedrepro.report.stats import seed_stats
 
-SCHEMA = "fedrepro.metrics/1"
 # Model kinds: each client's own test split (global, personal); after training, the unseen
 # clients and the global test sets (union of client test splits, official test set), where
 # <set>_personal is every personalized model on that set and <set>_hm the per-client
@@ -27,7 +28,6 @@ SCHEMA = "fedrepro.metrics/1"
 KINDS = ("global", "personal", "unseen_global", "unseen_personal",
          *(f"{where}_{k}" for where in ("union", "official") for k in ("global", "personal", "hm")))
 METRICS = ("acc", "f1")
-STATS = ("weighted_mean", "mean", "std", "min", "max", "worst10")
 CELL_KEYS = ("experiment", "dataset", "partition", "partition_id", "method", "label", "model", "seed")
 METRIC_COLUMNS = [f"{m}_{s}" for m in METRICS for s in STATS]
 BESTVAL_COLUMNS = [f"bestval_{m}_weighted_mean" for m in METRICS]
@@ -60,7 +60,7 @@ def load_cells(paths: Iterable[str | Path], expect: list[str] | None = None) -> 
     return cells
 
 
-def _get(d: Any, *keys: str) -> Any:
+def nested_get(d: Any, *keys: str) -> Any:
     """Nested dict lookup that returns None where any level is missing or null."""
     for key in keys:
         if not isinstance(d, dict):
@@ -100,31 +100,31 @@ def summary_frame(cells: list[dict]) -> pd.DataFrame:
         ok = is_ok(cell)
         base = cell_ident(cell) | {
             "status": cell.get("status") or "failed",
-            "failure_reason": None if ok else (_get(cell, "failure", "reason") or "unknown"),
+            "failure_reason": None if ok else (nested_get(cell, "failure", "reason") or "unknown"),
             "rounds": _num(cell.get("rounds")),
-            "bytes_up_total": _num(_get(cell, "communication", "bytes_up_total")),
-            "bytes_down_total": _num(_get(cell, "communication", "bytes_down_total")),
-            "wall_time_s": _num(_get(cell, "resources", "wall_time_s")),
-            "peak_rss_mb": _num(_get(cell, "resources", "peak_rss_mb")),
-            "num_clients": _num(len(_get(cell, "clients", "ids") or [])) if ok else math.nan,
-            "untrained_clients": _num(_get(cell, "clients", "untrained")),
-            "untrained_rule": _get(cell, "clients", "untrained_rule"),
+            "bytes_up_total": _num(nested_get(cell, "communication", "bytes_up_total")),
+            "bytes_down_total": _num(nested_get(cell, "communication", "bytes_down_total")),
+            "wall_time_s": _num(nested_get(cell, "resources", "wall_time_s")),
+            "peak_rss_mb": _num(nested_get(cell, "resources", "peak_rss_mb")),
+            "num_clients": _num(len(nested_get(cell, "clients", "ids") or [])) if ok else math.nan,
+            "untrained_clients": _num(nested_get(cell, "clients", "untrained")),
+            "untrained_rule": nested_get(cell, "clients", "untrained_rule"),
             # clients without test data (a partition with allow_empty_clients): left out of every score
-            "unscored_clients": _num(sum(1 for n in _get(cell, "clients", "test_size") or [] if n == 0)) if ok else math.nan,
+            "unscored_clients": _num(sum(1 for n in nested_get(cell, "clients", "test_size") or [] if n == 0)) if ok else math.nan,
             # a fine-tuning row scored from this label's final model, not trained (fedrepro.engine.finetune)
-            "finetuned_from": _get(cell, "resources", "finetuned_from") if ok else None,
+            "finetuned_from": nested_get(cell, "resources", "finetuned_from") if ok else None,
         } | sweep_columns(cell)
         for kind in cell_kinds(cell) if ok else ["failed"]:
             row = dict(base, kind=kind)
             for m in METRICS:
                 for s in STATS:
-                    row[f"{m}_{s}"] = _num(_get(cell, "summary", f"{kind}_{m}", s)) if ok else math.nan
+                    row[f"{m}_{s}"] = _num(nested_get(cell, "summary", f"{kind}_{m}", s)) if ok else math.nan
                 row[f"bestval_{m}_weighted_mean"] = (
-                    _num(_get(cell, "best_val", "summary", f"{kind}_{m}", "weighted_mean")) if ok else math.nan
+                    _num(nested_get(cell, "best_val", "summary", f"{kind}_{m}", "weighted_mean")) if ok else math.nan
                 )
             for column, stat in TYPE_COLUMNS.items():
-                row[column] = _num(_get(cell, "summary", f"{kind}_types", stat)) if ok else math.nan
-            row["cluster_acc"] = _num(_get(cell, "method", "cluster_acc")) if ok and kind == "global" else math.nan
+                row[column] = _num(nested_get(cell, "summary", f"{kind}_types", stat)) if ok else math.nan
+            row["cluster_acc"] = _num(nested_get(cell, "method", "cluster_acc")) if ok and kind == "global" else math.nan
             rows.append(row)
     swept = _ordered(k for row in rows for k in row if k.startswith(SWEEP_PREFIX))
     return pd.DataFrame(rows, columns=SUMMARY_COLUMNS + swept)
@@ -136,7 +136,7 @@ SWEEP_PREFIX = "sweep."
 
 def sweep_columns(cell: dict) -> dict:
     """{sweep.<dotted key>: value} of a swept cell (metrics.json cell.sweep); {} for any other cell."""
-    sweep = _get(cell, "cell", "sweep")
+    sweep = nested_get(cell, "cell", "sweep")
     return {f"{SWEEP_PREFIX}{k}": v for k, v in sweep.items()} if isinstance(sweep, dict) else {}
 
 
@@ -163,8 +163,9 @@ def column_keys(frame: pd.DataFrame) -> list[tuple[str, str]]:
     return sorted(keys, key=lambda key: datasets.index(key[0]))
 
 
-def seed_stats(frame: pd.DataFrame, column: str) -> pd.DataFrame:
-    """Mean and sample std (ddof=1) over seeds of `column` per (dataset, partition, label, kind).
+def seed_table(frame: pd.DataFrame, column: str) -> pd.DataFrame:
+    """`column`'s mean and sample std over seeds (report.stats.seed_stats) per (dataset, partition,
+    label, kind): what summary.json and the tables show.
 
     Returns columns dataset, partition, label, kind, mean, std, n_seeds (successful
     cells), n_failed (failed cells of that label there), in row/column order. Only
@@ -172,7 +173,8 @@ def seed_stats(frame: pd.DataFrame, column: str) -> pd.DataFrame:
     """
     ok = frame[frame["status"] == "ok"]
     grouped = ok.groupby(GROUP, sort=False)[column]
-    stats = {key: (g.mean(), g.std(ddof=1), len(g)) for key, g in grouped}
+    # n_seeds counts the successful cells, one without a score in `column` too (seed_stats leaves it out)
+    stats = {key: (seed_stats(g.to_numpy()), len(g)) for key, g in grouped}
     failed = frame[frame["status"] != "ok"].groupby(["dataset", "partition", "label"], sort=False).size().to_dict()
     present = set(zip(frame["dataset"], frame["partition"], frame["label"]))
     rows = []
@@ -180,9 +182,9 @@ def seed_stats(frame: pd.DataFrame, column: str) -> pd.DataFrame:
         for ds, part in column_keys(frame):
             if (ds, part, label) not in present:
                 continue
-            mean, std, n = stats.get((ds, part, label, kind), (math.nan, math.nan, 0))
+            s, n = stats.get((ds, part, label, kind), (seed_stats([]), 0))
             rows.append({"dataset": ds, "partition": part, "label": label, "kind": kind,
-                         "mean": mean, "std": std, "n_seeds": n, "n_failed": failed.get((ds, part, label), 0)})
+                         "mean": s.mean, "std": s.std, "n_seeds": n, "n_failed": failed.get((ds, part, label), 0)})
     return pd.DataFrame(rows, columns=[*GROUP, "mean", "std", "n_seeds", "n_failed"])
 
 
@@ -198,7 +200,7 @@ def metrics_json(frame: pd.DataFrame) -> dict:
     """
     out: dict = {}
     for col in JSON_COLUMNS:
-        for r in seed_stats(frame, col).itertuples(index=False):
+        for r in seed_table(frame, col).itertuples(index=False):
             entry = out.setdefault(r.dataset, {}).setdefault(r.partition, {})
             entry = entry.setdefault(r.label, {}).setdefault(r.kind, {})
             if (value := _round(r.mean)) is not None:
@@ -206,7 +208,7 @@ def metrics_json(frame: pd.DataFrame) -> dict:
             entry["n_seeds"], entry["n_failed"] = int(r.n_seeds), int(r.n_failed)
     swept = [c for c in frame.columns if c.startswith(SWEEP_PREFIX)]
     for r in frame[GROUP + swept].drop_duplicates(GROUP).itertuples(index=False) if swept else ():
-        entry = _get(out, r[0], r[1], r[2], r[3])
+        entry = nested_get(out, r[0], r[1], r[2], r[3])
         for col, value in zip(swept, r[4:]):
             if isinstance(entry, dict) and not pd.isna(value):
                 entry[col] = value.item() if hasattr(value, "item") else value
@@ -222,7 +224,8 @@ def write_summary(cells: list[dict], csv_path: str | Path, json_path: str | Path
     return frame
 
 
-def _series(values: Any, n: int) -> list[float]:
+def number_series(values: Any, n: int) -> list[float]:
+    """The first `n` values of a curve as floats (NaN where not a number)."""
     return [_num(v) for v in (values or [])[:n]]
 
 
@@ -246,7 +249,7 @@ def curves_frame(cells: list[dict]) -> pd.DataFrame:
         rounds = list(curves["round"])
 
         def add(kind: str, metric: str, stat: str, values: Any, at: list[int] = rounds) -> None:
-            scored = [(r, v) for r, v in zip(at, _series(values, len(at))) if not math.isnan(v)]
+            scored = [(r, v) for r, v in zip(at, number_series(values, len(at))) if not math.isnan(v)]
             if scored:
                 parts.append(pd.DataFrame({
                     "dataset": ident["dataset"], "partition": ident["partition"], "label": ident["label"],
@@ -257,7 +260,7 @@ def curves_frame(cells: list[dict]) -> pd.DataFrame:
         for kind in KINDS:
             for m in METRICS:
                 for s in STATS:
-                    add(kind, m, s, _get(curves, f"{kind}_{m}", s))
+                    add(kind, m, s, nested_get(curves, f"{kind}_{m}", s))
         per_round = cell.get("train_loss_per_round")
         if isinstance(per_round, list) and per_round:
             add("train", "train_loss", "value", per_round, list(range(1, len(per_round) + 1)))

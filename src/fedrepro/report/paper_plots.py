@@ -26,7 +26,7 @@ from matplotlib.ticker import MaxNLocator
 from fedrepro.report.aggregate import cell_ident, curves_frame, is_ok, summary_frame
 from fedrepro.report.paper_tables import TableResult, build_table
 from fedrepro.report.papers import DIMS, FigurePlan, PaperPlan, Table, Target
-from fedrepro.report.plots import _band, _colors, _no_data, _save, plt
+from fedrepro.report.plots import label_colors, mark_no_data, plt, save_figure, seed_band
 
 
 def _series(table: Table, targets: dict[tuple, Target], only: list[str] | None) -> list[tuple[str, str, tuple]]:
@@ -75,7 +75,7 @@ def plot_curves(fp: FigurePlan, cells: list[dict], out: str | Path) -> None:
     acc = curves[(curves["metric"] == "acc") & (curves["stat"] == "weighted_mean")] if len(curves) else curves
     series = _series(fp.table, fp.targets, fp.figure.get("methods"))
     panels = _panels(fp.table, fp.targets)
-    colors = _colors([s[0] for s in series])
+    colors = label_colors([s[0] for s in series])
     fig, axes = _grid(len(panels))
     handles = {}
     for ax, (name, ds, part) in zip(axes, panels):
@@ -86,23 +86,23 @@ def plot_curves(fp: FigurePlan, cells: list[dict], out: str | Path) -> None:
             kind = next((k for k in kinds if len(mine) and (mine["kind"] == k).any()), None)
             if kind is None:
                 continue
-            handles[rname] = _band(ax, mine[mine["kind"] == kind], 100.0, color=colors[rname], label=rname)
+            handles[rname] = seed_band(ax, mine[mine["kind"] == kind], 100.0, color=colors[rname], label=rname)
             drawn = True
         ax.set(title=name, xlabel="round", ylabel="test accuracy (%), weighted over clients")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(alpha=0.3)
         if not drawn:
-            _no_data(ax)
+            mark_no_data(ax)
     if handles:
         fig.legend(handles=list(handles.values()), loc="outside lower center", ncols=min(len(handles), 4), frameon=False)
     _title(fig, fp, "mean over seeds, band: min-max over seeds")
-    _save(fig, out)
+    save_figure(fig, out)
 
 
 def plot_client_bars(fp: FigurePlan, cells: list[dict], out: str | Path) -> None:
     series = _series(fp.table, fp.targets, fp.figure.get("methods"))
     panels = _panels(fp.table, fp.targets)
-    colors = _colors([s[0] for s in series])
+    colors = label_colors([s[0] for s in series])
     n_clients = max([len((c.get("clients") or {}).get("ids") or []) for c in cells] + [1])
     fig, axes = _grid(len(panels), width=min(24.0, max(6.0, 0.1 * n_clients * max(len(series), 1) + 2)))
     for ax, (name, ds, part) in zip(axes, panels):
@@ -127,9 +127,9 @@ def plot_client_bars(fp: FigurePlan, cells: list[dict], out: str | Path) -> None
         if drawn:
             ax.legend(fontsize="small", ncols=min(len(series), 5), loc="upper left", bbox_to_anchor=(0, -0.12))
         else:
-            _no_data(ax)
+            mark_no_data(ax)
     _title(fig, fp, "each client's final accuracy on its own test split, mean over seeds")
-    _save(fig, out)
+    save_figure(fig, out)
 
 
 def _rk(row) -> tuple:
@@ -152,7 +152,7 @@ def plot_pg_tradeoff(fp: FigurePlan, res: TableResult, out: str | Path) -> None:
     t = res.table
     panels = _panel_cells(res, [x, y])
     rows = [r for r in t.rows if not r.derived and (not fp.figure.get("methods") or r.key.get("method") in fp.figure["methods"])]
-    colors = _colors([t.row_name(r) for r in rows])
+    colors = label_colors([t.row_name(r) for r in rows])
     fig, axes = _grid(len(panels), width=5.0, height=4.6)
     grid = np.linspace(0.005, 1, 200)
     for ax, ((ds, st), by_row) in zip(axes, panels.items()):
@@ -180,9 +180,9 @@ def plot_pg_tradeoff(fp: FigurePlan, res: TableResult, out: str | Path) -> None:
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize="small")
         else:
-            _no_data(ax, "no runs")
+            mark_no_data(ax, "no runs")
     _title(fig, fp, "filled: ours (mean ± std over seeds); open: the paper; grey: iso-lines of the harmonic mean")
-    _save(fig, out)
+    save_figure(fig, out)
 
 
 def plot_metric_bars(fp: FigurePlan, res: TableResult, out: str | Path) -> None:
@@ -191,7 +191,7 @@ def plot_metric_bars(fp: FigurePlan, res: TableResult, out: str | Path) -> None:
     panels = _panel_cells(res, metrics)
     rows = [r for r in t.rows if not r.derived and (not fp.figure.get("methods") or r.key.get("method") in fp.figure["methods"])]
     fig, axes = _grid(len(panels), width=max(5.0, 0.7 * len(rows) * max(len(metrics), 1)))
-    colors = _colors(metrics)
+    colors = label_colors(metrics)
     for ax, ((ds, st), by_row) in zip(axes, panels.items()):
         width = 0.8 / max(len(metrics), 1)
         x = np.arange(len(rows))
@@ -209,9 +209,9 @@ def plot_metric_bars(fp: FigurePlan, res: TableResult, out: str | Path) -> None:
         ax.grid(axis="y", alpha=0.3)
         ax.legend(fontsize="small")
     if not panels:
-        _no_data(axes[0], "no runs")
+        mark_no_data(axes[0], "no runs")
     _title(fig, fp, "bars: ours, mean over seeds with the 95 % interval; black: the paper")
-    _save(fig, out)
+    save_figure(fig, out)
 
 
 PICKS = {"highest": np.nanargmax, "lowest": np.nanargmin}
@@ -238,7 +238,7 @@ def plot_client_cases(fp: FigurePlan, cells: list[dict], out: str | Path) -> dic
     settings = list(dict.fromkeys(c.key["setting"] for c in t.columns))
     metrics = list(dict.fromkeys(c.key["metric"] for c in t.columns))
     rows = [r for r in t.rows if not r.derived]
-    colors = _colors(metrics)
+    colors = label_colors(metrics)
     fig, axes = _grid(len(settings), width=max(5.0, 0.8 * len(rows) * len(metrics) / 2))
     picked: dict[str, int] = {}
     for ax, setting in zip(axes, settings):
@@ -265,13 +265,13 @@ def plot_client_cases(fp: FigurePlan, cells: list[dict], out: str | Path) -> dic
         ax.set(title=t.name("setting", setting), ylim=(0, 1.05 * t.paper.metrics[metrics[0]].scale))
         ax.grid(axis="y", alpha=0.3)
         if client is None:
-            _no_data(ax, "no runs: the paper's values only")
+            mark_no_data(ax, "no runs: the paper's values only")
     handles, labels = axes[0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="outside lower center", ncols=len(labels), frameon=False, fontsize="small")
     which = "; ".join(f"{t.name('setting', st)}: our client {i} ({pick[st]} {t.name('metric', metrics[0])})"
                       for st, i in picked.items())
     _title(fig, fp, "bars: ours, one client, mean over seeds; black: the paper" + (f". {which}" if which else ""))
-    _save(fig, out)
+    save_figure(fig, out)
     return picked
 
 
@@ -279,7 +279,7 @@ def plot_mean_variance(fp: FigurePlan, cells: list[dict], out: str | Path) -> No
     frame = summary_frame(cells) if cells else pd.DataFrame()
     series = _series(fp.table, fp.targets, fp.figure.get("methods"))
     panels = _panels(fp.table, fp.targets)
-    colors = _colors([s[0] for s in series])
+    colors = label_colors([s[0] for s in series])
     fig, axes = _grid(len(panels), width=5.0, height=4.6)
     for ax, (name, ds, part) in zip(axes, panels):
         drawn = False
@@ -300,9 +300,9 @@ def plot_mean_variance(fp: FigurePlan, cells: list[dict], out: str | Path) -> No
         if drawn:
             ax.legend(fontsize="small")
         else:
-            _no_data(ax)
+            mark_no_data(ax)
     _title(fig, fp, "mean over seeds, bars: min-max over seeds; fair and accurate = top left")
-    _save(fig, out)
+    save_figure(fig, out)
 
 
 def draw_figure(plan: PaperPlan, figure_id: str, cells: list[dict], out: str | Path) -> None:

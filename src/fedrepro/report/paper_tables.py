@@ -107,7 +107,7 @@ class TableResult:
 # Building
 
 
-def _per_seed(frame: pd.DataFrame, t: Target) -> tuple[str, str | None, dict[int, float], int]:
+def target_per_seed(frame: pd.DataFrame, t: Target) -> tuple[str, str | None, dict[int, float], int]:
     """(status, kind used, seed -> raw value, failed seeds) of a target in a summary frame."""
     mine = frame[(frame["dataset"] == t.dataset) & (frame["partition"] == t.partition) & (frame["label"] == t.label)]
     if mine.empty:
@@ -145,7 +145,7 @@ def build_table(table: Table, frame: pd.DataFrame, plan: TablePlan | None = None
             if c.target is not None and table.per_client:
                 c.status = PER_CLIENT
             elif c.target is not None:
-                c.status, c.kind, raw, c.n_failed = _per_seed(frame, c.target)
+                c.status, c.kind, raw, c.n_failed = target_per_seed(frame, c.target)
                 c.values = {s: v * metric.scale for s, v in raw.items()}
                 c.stats = seed_stats(c.values.values())
                 if c.status == "ok" and c.stats.n == 0:
@@ -223,13 +223,15 @@ def _tests(table: Table, cells: dict[tuple, CellResult]) -> list[TestResult]:
 # Text
 
 
-def _num(v: float, d: int) -> str:
+def number_text(v: float, d: int) -> str:
+    """`v` with `d` decimals, or a dash where there is no finite value (a table cell)."""
     if v is None or not np.isfinite(v):
         return DASH
     return f"{round(v, d) + 0.0:.{d}f}"  # + 0.0: a value that rounds to zero prints without a sign
 
 
-def _signed(v: float, d: int) -> str:
+def signed_text(v: float, d: int) -> str:
+    """`v` with `d` decimals and its sign (a typographic minus), or a dash where there is no finite value."""
     if not np.isfinite(v):
         return DASH
     r = round(v, d) + 0.0
@@ -241,7 +243,7 @@ def paired_text(r: PairedTest, d: int) -> str:
     if r.test == "none":
         return f"n/a: {r.note} (n={r.n})" if r.n >= 2 else f"n/a ({r.note})"
     short = "W" if r.test.startswith("Wilcoxon") else "t"
-    return f"{_signed(r.mean_diff, d)}, {short}, {_fmt_p(r.p)} (n={r.n}{'; ' + r.note if r.note else ''})"
+    return f"{signed_text(r.mean_diff, d)}, {short}, {_fmt_p(r.p)} (n={r.n}{'; ' + r.note if r.note else ''})"
 
 
 def _fmt_p(p: float) -> str:
@@ -254,11 +256,11 @@ def ours_text(res: TableResult, c: CellResult) -> tuple[str, str]:
     """(number part, trailing note) of our side of a cell; the best-mark goes between them."""
     d = res.table.metric(c.key).decimals
     if c.row.derived:
-        return (_num(c.stats.mean, d), "") if c.has_value else (DASH, "")
+        return (number_text(c.stats.mean, d), "") if c.has_value else (DASH, "")
     if c.status != "ok":
         return "", (f"{FAILED} ({c.n_failed} seed{'s' if c.n_failed != 1 else ''})" if c.status == FAILED else c.status)
-    main = _num(c.stats.mean, d)
-    spread = f" ± {_num(c.stats.std, d)}" if c.stats.n >= 2 else ""
+    main = number_text(c.stats.mean, d)
+    spread = f" ± {number_text(c.stats.std, d)}" if c.stats.n >= 2 else ""
     extra = []
     expected = len(res.seeds)
     if expected and c.stats.n < expected:
@@ -288,9 +290,9 @@ def paper_parts(res: TableResult, c: CellResult) -> tuple[str, bool, str, str]:
     pm = ""
     if c.paper_pm is not None:
         kind = (res.table.pm or {}).get("kind")
-        pm = f" ± {_num(c.paper_pm, d)}" + (f" ({PM_LABEL[kind]})" if kind in PM_LABEL else "")
+        pm = f" ± {number_text(c.paper_pm, d)}" + (f" ({PM_LABEL[kind]})" if kind in PM_LABEL else "")
     mark = c.paper_mark if c.paper_mark not in (None, "bold") else ""
-    return _num(c.paper, d), c.paper_mark == "bold", mark, pm
+    return number_text(c.paper, d), c.paper_mark == "bold", mark, pm
 
 
 PM_LABEL = {"client_std": "clients"}  # the ± kinds that differ from ours (std over seeds)
@@ -305,7 +307,7 @@ def diff_text(res: TableResult, c: CellResult, mark: str = MARK) -> str:
     d = res.table.metric(c.key).decimals
     if res.reduced or not np.isfinite(c.diff):
         return DASH
-    return _signed(c.diff, d) + (f" {mark}" if c.dev.beyond else "")
+    return signed_text(c.diff, d) + (f" {mark}" if c.dev.beyond else "")
 
 
 def _rule_text(t: Table) -> str:
@@ -398,14 +400,14 @@ def plateau_note(res: TableResult) -> str:
     if not judged:
         return ""
     d = lambda c: t.metric(c.key).decimals  # noqa: E731
-    tol = ", ".join(sorted({_num(PLATEAU_TOLERANCE * t.metric(c.key).scale, d(c)) for c in judged}))
+    tol = ", ".join(sorted({number_text(PLATEAU_TOLERANCE * t.metric(c.key).scale, d(c)) for c in judged}))
     why = f"the last two evaluations; tolerance {tol}, a convention of this project"
     if len(judged) < len(valued):
         why += f"; {len(valued) - len(judged)} cell(s) without a curve not judged"
     moving = [c for c in judged if not c.converged]
     if not moving:
         top = max(judged, key=lambda c: c.moved)
-        return (f"Plateau: every row moved by at most {_num(top.moved, d(top))} between "
+        return (f"Plateau: every row moved by at most {number_text(top.moved, d(top))} between "
                 f"{rounds_text(r for c in judged for r in c.change_rounds)} ({why}).")
     # one entry per row and movement: the columns that read the same curve moved alike
     by_row: dict[str, dict[str, list[str]]] = {}
@@ -419,7 +421,7 @@ def plateau_note(res: TableResult) -> str:
 def _moved_text(change: float, moved: float, d: int) -> str:
     """The mean change, signed; where the seeds moved both ways, their mean |change| too."""
     both = abs(change) < moved - 1e-9
-    return _signed(change, d) + (f" (mean |change| {_num(moved, d)}: the seeds moved both ways)" if both else "")
+    return signed_text(change, d) + (f" (mean |change| {number_text(moved, d)}: the seeds moved both ways)" if both else "")
 
 
 def _moving(res: TableResult, tr: TestResult) -> bool:

@@ -15,7 +15,7 @@ import math
 from dataclasses import dataclass
 from typing import Iterable
 
-from fedrepro.report.aggregate import METRICS, STATS, _get, _series, cell_ident, is_ok
+from fedrepro.report.aggregate import METRICS, STATS, cell_ident, is_ok, nested_get, number_series
 
 #: The largest change between the last two evaluations of a plateau: 0.01 of a fraction metric
 #: (1 point of accuracy or F1). A convention of this project, not a statistical test.
@@ -44,7 +44,7 @@ def last_change(cell_metrics: dict, kind: str, column: str) -> tuple[int, int, f
     rounds = list(curves["round"])
     found = []
     for base in bases:
-        points = [(int(r), v) for r, v in zip(rounds, _series(_get(curves, f"{base}_{metric}", stat), len(rounds)))
+        points = [(int(r), v) for r, v in zip(rounds, number_series(nested_get(curves, f"{base}_{metric}", stat), len(rounds)))
                   if not math.isnan(v)]
         if len(points) >= 2:
             (a, va), (b, vb) = points[-2:]

@@ -30,7 +30,7 @@ _STYLE = {"global": "-", "personal": "--"}
 _MAX_BAR_CLIENTS = 50
 
 
-def _save(fig: plt.Figure, out_path: str | Path, stamp: dict[str, str] | None = None) -> None:
+def save_figure(fig: plt.Figure, out_path: str | Path, stamp: dict[str, str] | None = None) -> None:
     """Save atomically in the format named by the suffix (PNG by default), then close. `stamp`: text
     chunks a PNG carries (other formats take only their fixed metadata keys)."""
     fmt = Path(out_path).suffix.lstrip(".").lower() or "png"
@@ -44,12 +44,12 @@ def _save(fig: plt.Figure, out_path: str | Path, stamp: dict[str, str] | None = 
         plt.close(fig)
 
 
-def _colors(labels: list[str]) -> dict[str, tuple]:
+def label_colors(labels: list[str]) -> dict[str, tuple]:
     cmap = plt.get_cmap("tab10")
     return {label: cmap(i % 10) for i, label in enumerate(labels)}
 
 
-def _no_data(ax: plt.Axes, text: str = "no successful cells") -> None:
+def mark_no_data(ax: plt.Axes, text: str = "no successful cells") -> None:
     ax.text(0.5, 0.5, text, ha="center", va="center", transform=ax.transAxes, color="gray")
 
 
@@ -71,7 +71,7 @@ def check_panel(cells: list[dict], dataset: str, partition: str) -> None:
                           f"allowed: {', '.join(map(repr, partitions))}")
 
 
-def _band(ax: plt.Axes, series: pd.DataFrame, scale: float, **style) -> plt.Line2D:
+def seed_band(ax: plt.Axes, series: pd.DataFrame, scale: float, **style) -> plt.Line2D:
     """Mean over seeds per round as a line, min–max over seeds as a shaded band."""
     agg = series.groupby("round")["value"].agg(["mean", "min", "max"]).sort_index() * scale
     x = agg.index.to_numpy()
@@ -103,7 +103,7 @@ def _joined(names: list[str]) -> str:
 
 def plot_curves(frame_or_cells: pd.DataFrame | list[dict], dataset: str, partition: str, out_path: str | Path) -> None:
     """`curves_figure` saved to `out_path`."""
-    _save(curves_figure(frame_or_cells, dataset, partition), out_path)
+    save_figure(curves_figure(frame_or_cells, dataset, partition), out_path)
 
 
 def curves_figure(frame_or_cells: pd.DataFrame | list[dict], dataset: str, partition: str) -> plt.Figure:
@@ -121,15 +121,15 @@ def curves_figure(frame_or_cells: pd.DataFrame | list[dict], dataset: str, parti
         curves = curves_frame(cells)
         failed = [f"{cell_ident(c)['label']} (seed {cell_ident(c)['seed']})" for c in cells if not is_ok(c)]
     curves = curves[(curves["dataset"] == dataset) & (curves["partition"] == partition)]
-    colors = _colors(list(dict.fromkeys(curves["label"])))
+    colors = label_colors(list(dict.fromkeys(curves["label"])))
     fig, (ax_acc, ax_loss) = plt.subplots(1, 2, figsize=(12, 4.8), layout="constrained")
 
     acc = curves[(curves["metric"] == "acc") & (curves["stat"] == "weighted_mean")]
     for legend, g, (label, kind) in distinct_series(acc, ["label", "kind"], row_name):
-        _band(ax_acc, g, 100.0, color=colors[label], linestyle=_STYLE.get(kind, "-"), label=legend)
+        seed_band(ax_acc, g, 100.0, color=colors[label], linestyle=_STYLE.get(kind, "-"), label=legend)
     loss = curves[curves["metric"] == "train_loss"]
     for legend, g, (label,) in distinct_series(loss, ["label"], str):
-        _band(ax_loss, g, 1.0, color=colors[label], label=legend)
+        seed_band(ax_loss, g, 1.0, color=colors[label], label=legend)
 
     ax_acc.set(xlabel="round", ylabel="accuracy (%), weighted over clients", title="test accuracy")
     ax_loss.set(xlabel="round", ylabel="train loss (mean over sampled clients)", title="train loss, every round")
@@ -137,7 +137,7 @@ def curves_figure(frame_or_cells: pd.DataFrame | list[dict], dataset: str, parti
         ax.grid(alpha=0.3)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         if empty:
-            _no_data(ax)
+            mark_no_data(ax)
         else:
             ax.legend(fontsize="small", loc="upper center", bbox_to_anchor=(0.5, -0.14), ncols=2, frameon=False)
     title = f"{dataset} / {partition}"
@@ -156,7 +156,7 @@ def plot_client_distribution(cells: list[dict], dataset: str, partition: str, ou
     frame = summary_frame(cells)
     # per-client kinds only: a global test set's global score is one number per cell
     keys = [k for k in (row_keys(frame) if len(frame) else []) if k[1] not in ("union_global", "official_global")]
-    colors = _colors(list(dict.fromkeys(label for label, _ in keys)))
+    colors = label_colors(list(dict.fromkeys(label for label, _ in keys)))
     fig, ax = plt.subplots(figsize=(max(5.0, 1.4 * len(keys) + 2), 4.5), layout="constrained")
     ticks = []
     for pos, (label, kind) in enumerate(keys, start=1):
@@ -181,8 +181,8 @@ def plot_client_distribution(cells: list[dict], dataset: str, partition: str, ou
     ax.set(ylabel="final per-client test accuracy (%)", title=f"{dataset} / {partition}: clients, seeds pooled")
     ax.grid(axis="y", alpha=0.3)
     if not keys:
-        _no_data(ax, "no cells")
-    _save(fig, out_path)
+        mark_no_data(ax, "no cells")
+    save_figure(fig, out_path)
 
 
 def plot_tsne(cells: list[dict], dataset: str, partition: str, out_path: str | Path) -> None:
@@ -212,9 +212,9 @@ def plot_tsne(cells: list[dict], dataset: str, partition: str, out_path: str | P
     for ax in list(axes.flat)[len(first):]:
         ax.axis("off")
     if not first:
-        _no_data(axes.flat[0], "no embeddings (evaluation.embed_clients)")
+        mark_no_data(axes.flat[0], "no embeddings (evaluation.embed_clients)")
     fig.suptitle(f"{dataset} / {partition}: t-SNE of test representations (colour: class, marker: client)")
-    _save(fig, out_path)
+    save_figure(fig, out_path)
 
 
 def _counts(manifest: dict) -> np.ndarray:
@@ -298,6 +298,6 @@ def plot_partition(manifest: dict, out_path: str | Path) -> None:
         ax.yaxis.set_major_locator(MaxNLocator(integer=True))
         ax.invert_yaxis()
     if n == 0:
-        _no_data(ax, "no clients")
+        mark_no_data(ax, "no clients")
     ax.set_title(title)
-    _save(fig, out_path, partition_stamp(manifest))
+    save_figure(fig, out_path, partition_stamp(manifest))

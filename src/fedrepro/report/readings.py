@@ -28,7 +28,7 @@ import yaml
 from fedrepro.configfile import read_config_file
 from fedrepro.io import write_text_atomic
 from fedrepro.registry import ConfigError, show
-from fedrepro.report.paper_tables import _num, _signed, paired_text
+from fedrepro.report.paper_tables import number_text, paired_text, signed_text
 from fedrepro.report.papers import PUBLISHED_DIR, Metric, Paper, Target, load_published, published_path
 from fedrepro.report.plateau import NOT_CONVERGED, PLATEAU_TOLERANCE, Movement, by_cell, movement, rounds_text, seed_changes
 from fedrepro.report.stats import ALPHA, WILCOXON_MIN_SEEDS, PairedTest, SeedStats, paired_test, seed_stats
@@ -443,8 +443,8 @@ def _stats_text(ledger: Ledger, s: Side) -> str:
     d = ledger.metric.decimals
     if s.stats.n == 0:
         return "not measured"
-    spread = f" ± {_num(s.stats.std, d)}" if s.stats.n >= 2 else ""
-    return f"{_num(s.stats.mean, d)}{spread} (n={s.stats.n})"
+    spread = f" ± {number_text(s.stats.std, d)}" if s.stats.n >= 2 else ""
+    return f"{number_text(s.stats.mean, d)}{spread} (n={s.stats.n})"
 
 
 def _side_lines(ledger: Ledger, s: Side, best: str | None) -> list[str]:
@@ -453,8 +453,8 @@ def _side_lines(ledger: Ledger, s: Side, best: str | None) -> list[str]:
     out = [_stats_text(ledger, s)]
     if s.stats.n and s.movement is not None:
         m, scale = s.movement, ledger.metric.scale
-        both = f", mean |change| {_num(m.moved * scale, d)}" if abs(m.change) < m.moved - 1e-9 else ""
-        out.append(f"last change {_signed(m.change * scale, d)}{both} between {rounds_text(m.rounds)}")
+        both = f", mean |change| {number_text(m.moved * scale, d)}" if abs(m.change) < m.moved - 1e-9 else ""
+        out.append(f"last change {signed_text(m.change * scale, d)}{both} between {rounds_text(m.rounds)}")
     fedavg = ledger.headline.fedavg
     if s.stats.n:
         if s.vs_fedavg is not None and best != fedavg:
@@ -486,7 +486,7 @@ def _header(ledger: Ledger) -> tuple[str, list[str], Side | None, str | None]:
                  f"(paired t below {WILCOXON_MIN_SEEDS} seeds, Wilcoxon signed-rank from {WILCOXON_MIN_SEEDS}; two-sided, "
                  f"no correction for multiple tests).")
     if m.get("changes"):
-        tol = _num(PLATEAU_TOLERANCE * ledger.metric.scale, ledger.metric.decimals)
+        tol = number_text(PLATEAU_TOLERANCE * ledger.metric.scale, ledger.metric.decimals)
         lines.append(f"Plateau: the last change of each name's value between its last two evaluations, mean over seeds; "
                      f"where the default, the strongest baseline or an alternative moved by more than {tol} (mean "
                      f"|change|, a convention of this project), its verdict is '{NOT_CONVERGED}' and whether it flips "
@@ -567,7 +567,7 @@ def measure(ledger: Ledger, results: str | Path) -> dict:
     workflow's layout); each file is checked to belong to the experiment's current cell."""
     from fedrepro.custody import expected_token
     from fedrepro.report.aggregate import load_cells, summary_frame
-    from fedrepro.report.paper_tables import _per_seed
+    from fedrepro.report.paper_tables import target_per_seed
 
     results = Path(results)
     wanted = {(t.dataset, t.partition, t.label) for t in ledger.targets.values()}
@@ -586,7 +586,7 @@ def measure(ledger: Ledger, results: str | Path) -> dict:
     runs = by_cell(cells)
     labels, kinds, changes = {}, {}, {}
     for name, t in ledger.targets.items():
-        _, kind, raw, _ = _per_seed(frame, t)
+        _, kind, raw, _ = target_per_seed(frame, t)
         labels[name] = {str(s): round(float(v), 6) for s, v in sorted(raw.items())}
         kinds[name] = kind
         # the last change of its curve (report/plateau.py), where it has one

@@ -5,7 +5,9 @@ each baseline.
 Rules (also printed under every paper table):
 
 * Per cell: mean, sample std (ddof=1) and a 95 % Student-t confidence interval of the mean
-  over the n seeds, mean ± t(0.975, n-1)·s/√n. With one seed there is no interval.
+  over the n seeds, mean ± t(0.975, n-1)·s/√n. With one seed there is no interval. `seed_stats`
+  is the one function computing them; summary.json and the tables (report.aggregate.seed_table)
+  build on it too.
 * Our mean vs the paper's value: the difference is *beyond the seed spread* when a two-sided
   t-test at 5 % rejects "same mean". Where the paper gives only a number, that is the
   one-sample test, i.e. the paper's value lies outside our 95 % interval. Where the paper
@@ -25,10 +27,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Iterable, Mapping
 
 import numpy as np
-from scipy import stats as sps
 
 LEVEL = 0.95
 ALPHA = 0.05
@@ -42,8 +44,21 @@ class SeedStats:
     n: int
     mean: float
     std: float  # ddof=1; NaN for n < 2
-    ci_low: float  # NaN for n < 2
-    ci_high: float
+    level: float = LEVEL
+
+    # The interval only when asked (the paper tables): summary.json and the tables need no t
+    # quantile, so `fedrepro aggregate` and `fedrepro tables` do not import scipy.
+    @cached_property
+    def _margin(self) -> float:
+        return t_quantile(self.n, self.level) * self.std / math.sqrt(self.n) if self.n >= 2 else math.nan
+
+    @property
+    def ci_low(self) -> float:  # NaN for n < 2
+        return self.mean - self._margin
+
+    @property
+    def ci_high(self) -> float:
+        return self.mean + self._margin
 
     @property
     def half_width(self) -> float:
@@ -52,7 +67,11 @@ class SeedStats:
 
 def t_quantile(n: int, level: float = LEVEL) -> float:
     """t(1 - (1 - level)/2, n - 1); NaN for n < 2."""
-    return float(sps.t.ppf(0.5 + level / 2, n - 1)) if n >= 2 else math.nan
+    if n < 2:
+        return math.nan
+    from scipy import stats as sps  # here: only the interval and the tests need scipy (about a second to import)
+
+    return float(sps.t.ppf(0.5 + level / 2, n - 1))
 
 
 def seed_stats(values: Iterable[float], level: float = LEVEL) -> SeedStats:
@@ -60,13 +79,9 @@ def seed_stats(values: Iterable[float], level: float = LEVEL) -> SeedStats:
     v = np.asarray([x for x in values if x is not None and np.isfinite(x)], dtype=float)
     n = len(v)
     if n == 0:
-        return SeedStats(0, math.nan, math.nan, math.nan, math.nan)
+        return SeedStats(0, math.nan, math.nan, level)
     mean = float(v.mean())
-    if n == 1:
-        return SeedStats(1, mean, math.nan, math.nan, math.nan)
-    std = float(v.std(ddof=1))
-    h = t_quantile(n, level) * std / math.sqrt(n)
-    return SeedStats(n, mean, std, mean - h, mean + h)
+    return SeedStats(n, mean, float(v.std(ddof=1)) if n >= 2 else math.nan, level)
 
 
 @dataclass(frozen=True)
@@ -82,6 +97,7 @@ class Deviation:
 def deviation(ours: SeedStats, paper: float | None, paper_std: float | None = None,
               paper_runs: int | None = None, alpha: float = ALPHA) -> Deviation:
     """Is |our mean - paper| more than the seed spread explains? (module docstring)."""
+    from scipy import stats as sps  # here: see t_quantile
     if paper is None or not np.isfinite(paper) or ours.n == 0:
         return Deviation("none", math.nan, None, "no paper value" if ours.n else "no runs")
     if ours.n < 2:
@@ -120,6 +136,7 @@ class PairedTest:
 def paired_test(proposed: Mapping[int, float], baseline: Mapping[int, float],
                 wilcoxon_min: int = WILCOXON_MIN_SEEDS) -> PairedTest:
     """Paired test over the seeds both sides have a finite value for (module docstring)."""
+    from scipy import stats as sps  # here: see t_quantile
     seeds = sorted(s for s in proposed if s in baseline and np.isfinite(proposed[s]) and np.isfinite(baseline[s]))
     d = np.asarray([proposed[s] - baseline[s] for s in seeds], dtype=float)
     n = len(d)

@@ -16,7 +16,7 @@ import pandas as pd
 
 from fedrepro.io import FileTooLarge, NotRegularFile, atomic_path, file_kind, read_regular, write_json_atomic, write_text_atomic
 from fedrepro.registry import ConfigError
-from fedrepro.report.aggregate import DECIMALS, GROUP, METRIC_COLUMNS, column_keys, row_keys, seed_stats
+from fedrepro.report.aggregate import DECIMALS, GROUP, METRIC_COLUMNS, column_keys, row_keys, seed_table
 
 DEFAULT_TABLES = {
     "accuracy": "acc_weighted_mean",
@@ -105,7 +105,7 @@ def format_cell(mean: float, std: float, n_seeds: int, n_failed: int, scale: flo
 def pivot_table(frame: pd.DataFrame, column: str) -> pd.DataFrame:
     """Strings table: index = method rows, columns = MultiIndex (dataset, partition)."""
     scale = 100.0 if is_percent(column) else 1.0
-    stats = {(r.label, r.kind, r.dataset, r.partition): r for r in seed_stats(frame, column).itertuples(index=False)}
+    stats = {(r.label, r.kind, r.dataset, r.partition): r for r in seed_table(frame, column).itertuples(index=False)}
     rows, cols = row_keys(frame), column_keys(frame)
     data = []
     for label, kind in rows:
@@ -123,7 +123,7 @@ def numeric_table(frame: pd.DataFrame, column: str) -> pd.DataFrame:
     """Machine-readable wide table: label, kind, then '<dataset>/<partition>/{mean,std,n_seeds,n_failed}',
     in the summary's unit (fractions for accuracy and F1)."""
     scale = 1.0
-    stats = seed_stats(frame, column)
+    stats = seed_table(frame, column)
     out = pd.DataFrame(row_keys(frame), columns=["label", "kind"])
     for ds, part in column_keys(frame):
         sub = stats[(stats["dataset"] == ds) & (stats["partition"] == part)].set_index(["label", "kind"])

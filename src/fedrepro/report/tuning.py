@@ -12,7 +12,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from fedrepro.io import atomic_path, read_json, write_text_atomic  # noqa: E402
-from fedrepro.report.plots import _save  # noqa: E402
+from fedrepro.report.plots import save_figure  # noqa: E402
 
 
 def _fmt(v) -> str:
@@ -84,4 +84,4 @@ def plot_tuning(paths: list[str | Path], out_path: str | Path) -> None:
     title = f"{sels[0]['dataset']}/{sels[0]['partition']}: validation accuracy per trial\n(star: selected)" if sels else "no tuning"
     fig.suptitle(title, fontsize=9)
     fig.tight_layout()
-    _save(fig, out_path)
+    save_figure(fig, out_path)

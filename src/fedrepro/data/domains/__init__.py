@@ -66,7 +66,7 @@ from fedrepro.data.domains._common import (DIGIT_MEAN, DIGIT_STD, NO_NORM_MEAN, 
                                            to_rgb_chw)  # noqa: F401
 from fedrepro.data.domains.fedbn_digits import (FEDBN_DIGITS_DIR, FEDBN_DIGITS_DOWNLOAD, FEDBN_DIGITS_GDRIVE_ID,
                                                 FEDBN_DIGITS_URL, FEDBN_DIGITS_ZIP, FEDBN_DIGIT_FOLDERS, FEDBN_HOW,
-                                                _read_pkl_pair, fedbn_dir, fedbn_present, read_fedbn_digits,
+                                                read_pkl_pair, fedbn_dir, fedbn_present, read_fedbn_digits,
                                                 safe_unpickle)  # noqa: F401
 from fedrepro.data.domains.mnistm import (LAYOUT_CHOICES, LAYOUT_PARAM, MNISTM_ORIG_DIR, MNISTM_ORIG_URL, MNISTM_SOURCE,
                                           read_mnistm, read_mnistm_original)  # noqa: F401

@@ -21,7 +21,7 @@ NO_NORM_MEAN = (0.0, 0.0, 0.0)  # FedGCR DomainNet / PACS: ToTensor() only
 NO_NORM_STD = (1.0, 1.0, 1.0)
 
 
-def _missing(title: str, folder: Path, expected: Iterable[str], how: Sequence[str], detail: str = "") -> DataMissingError:
+def missing_error(title: str, folder: Path, expected: Iterable[str], how: Sequence[str], detail: str = "") -> DataMissingError:
     """A DataMissingError whose message names the files, the folder and how to get them."""
     lines = [f"{title} missing from {folder}:", *(f"  {e}" for e in expected), "To get them:"]
     lines += [f"  - {h}" for h in how]
@@ -30,12 +30,13 @@ def _missing(title: str, folder: Path, expected: Iterable[str], how: Sequence[st
     return DataMissingError("\n".join(lines))
 
 
-def _refused(title: str, folder: Path, expected: Iterable[str], how: Sequence[str], exc: UnpinnedDownloadError) -> DataMissingError:
+def refused_error(title: str, folder: Path, expected: Iterable[str], how: Sequence[str],
+                  exc: UnpinnedDownloadError) -> DataMissingError:
     """The files are missing and their download needs the operator's opt-in: say so first."""
-    return DataMissingError(f"{exc}\n" + str(_missing(title, folder, expected, how)))
+    return DataMissingError(f"{exc}\n" + str(missing_error(title, folder, expected, how)))
 
 
-def _check_list(where: str, key: str, value: Any, allowed: Sequence[str]) -> list[str]:
+def check_name_list(where: str, key: str, value: Any, allowed: Sequence[str]) -> list[str]:
     """A non-empty list of distinct names drawn from `allowed` (ConfigError otherwise)."""
     items = list(value)
     bad = [v for v in items if v not in allowed]
@@ -103,7 +104,7 @@ def read_images(paths: Sequence[str], size: int) -> np.ndarray:
     return out
 
 
-def _domain_images_dataset(
+def domain_images_dataset(
     name: str, paths: list[str], labels: list[int], splits: list[int], dom: list[int], image_size: int, num_classes: int, source: str
 ) -> RawDataset:
     """Image files of several domains as one RawDataset, unnormalised like FedGCR's ToTensor-only loaders (PACS, DomainNet)."""
@@ -120,7 +121,7 @@ def _domain_images_dataset(
     )
 
 
-def _stack_splits(pieces: Iterable[tuple[int, np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def stack_splits(pieces: Iterable[tuple[int, np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(images, labels, split) from (official split, images, labels) pieces, concatenated in order."""
     xs, ys, splits = [], [], []
     for split, x, y in pieces:
@@ -130,7 +131,7 @@ def _stack_splits(pieces: Iterable[tuple[int, np.ndarray, np.ndarray]]) -> tuple
     return np.concatenate(xs), np.concatenate(ys), np.concatenate(splits)
 
 
-def _digit_labels(labels: Any, where: str) -> np.ndarray:
+def digit_labels(labels: Any, where: str) -> np.ndarray:
     """Integer 0..9 labels from a (N,), (N,1) or one-hot (N,10) array; SVHN-style 10 -> 0."""
     y = np.asarray(labels)
     if y.ndim == 2 and y.shape[1] == 10:

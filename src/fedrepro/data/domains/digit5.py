@@ -8,14 +8,14 @@ from typing import Sequence
 import numpy as np
 
 from fedrepro.data.base import DataMissingError, RawDataset
-from fedrepro.data.dataset_registry import DatasetSpec, _register
+from fedrepro.data.dataset_registry import DatasetSpec, register_dataset
 from fedrepro.registry import Param
-from fedrepro.data.domains._common import (DIGIT_MEAN, DIGIT_STD, _check_list, _digit_labels, _missing, _stack_splits,
+from fedrepro.data.domains._common import (DIGIT_MEAN, DIGIT_STD, check_name_list, digit_labels, missing_error, stack_splits,
                                            evenly_spaced, to_rgb_chw)
-from fedrepro.data.domains.fedbn_digits import (FEDBN_DIGITS_URL, FEDBN_HOW, _fedbn_expected, _prepare_fedbn_digits,
+from fedrepro.data.domains.fedbn_digits import (FEDBN_DIGITS_URL, FEDBN_HOW, fedbn_expected, prepare_fedbn_digits,
                                                 fedbn_present, read_fedbn_digits)
-from fedrepro.data.domains.mnistm import MNISTM_ORIG_DIR, _mnistm_orig_present, _prepare_mnistm, read_mnistm
-from fedrepro.data.domains.syn import (SYN_ORIG_DIR, SYN_ORIG_FILES, _prepare_syn, _read_mat_splits, _syn_orig_present,
+from fedrepro.data.domains.mnistm import MNISTM_ORIG_DIR, mnistm_orig_present, prepare_mnistm, read_mnistm
+from fedrepro.data.domains.syn import (SYN_ORIG_DIR, SYN_ORIG_FILES, prepare_syn, read_mat_splits, syn_orig_present,
                                        read_syn)
 
 
@@ -53,7 +53,7 @@ def _read_tv_domain(root: Path, domain: str) -> tuple[np.ndarray, np.ndarray, np
     if domain == "svhn":
         # A small private reader of the torchvision SVHN layout (torchvision's class insists on
         # the MD5 of the full files); same arrays: X (32,32,3,N), y with 10 meaning digit 0.
-        return _read_mat_splits(root / SVHN_DIR, SVHN_FILES)
+        return read_mat_splits(root / SVHN_DIR, SVHN_FILES)
     from torchvision import datasets as tvd
 
     pieces = []
@@ -67,22 +67,22 @@ def _read_tv_domain(root: Path, domain: str) -> tuple[np.ndarray, np.ndarray, np
                 x, y = np.asarray(ds.data), np.asarray(ds.targets)
         except (RuntimeError, OSError, ValueError, EOFError) as exc:
             raise DataMissingError(f"cannot read {domain.upper()} under {root}: {exc}") from None
-        pieces.append((split, np.asarray(x, dtype=np.uint8), _digit_labels(y, domain)))
-    return _stack_splits(pieces)
+        pieces.append((split, np.asarray(x, dtype=np.uint8), digit_labels(y, domain)))
+    return stack_splits(pieces)
 
 
 def _digit5_missing(root: Path, domains: Sequence[str], source: str) -> list[str]:
     root = Path(root)
     if source == "fedbn":
-        return _fedbn_expected(root, domains)
+        return fedbn_expected(root, domains)
     out = []
     for d in domains:
         if d in ("mnist", "svhn", "usps"):
             out += _tv_missing(root, d)
-        elif d == "mnistm" and not (fedbn_present(root, d) or _mnistm_orig_present(root)):
-            out += _fedbn_expected(root, [d]) + [f"  (or the original MNIST-M folders in {MNISTM_ORIG_DIR}/)"]
-        elif d == "syn" and not (fedbn_present(root, d) or _syn_orig_present(root)):
-            out += _fedbn_expected(root, [d]) + [f"  (or {SYN_ORIG_DIR}/{SYN_ORIG_FILES[0]} and {SYN_ORIG_FILES[1]})"]
+        elif d == "mnistm" and not (fedbn_present(root, d) or mnistm_orig_present(root)):
+            out += fedbn_expected(root, [d]) + [f"  (or the original MNIST-M folders in {MNISTM_ORIG_DIR}/)"]
+        elif d == "syn" and not (fedbn_present(root, d) or syn_orig_present(root)):
+            out += fedbn_expected(root, [d]) + [f"  (or {SYN_ORIG_DIR}/{SYN_ORIG_FILES[0]} and {SYN_ORIG_FILES[1]})"]
     return out
 
 
@@ -100,7 +100,7 @@ def _digit5_how(source: str) -> list[str]:
 
 
 def _digit5_domains(params: dict) -> list[str]:
-    return _check_list("dataset 'digit5'", "domains", params["domains"], DIGIT5_DOMAINS)
+    return check_name_list("dataset 'digit5'", "domains", params["domains"], DIGIT5_DOMAINS)
 
 
 def _prepare_digit5(root: Path, params: dict) -> None:
@@ -109,7 +109,7 @@ def _prepare_digit5(root: Path, params: dict) -> None:
     if not _digit5_missing(root, domains, params["source"]):
         return
     if params["source"] == "fedbn":
-        _prepare_fedbn_digits(root, domains)
+        prepare_fedbn_digits(root, domains)
         return
     try:
         from torchvision import datasets as tvd
@@ -124,12 +124,12 @@ def _prepare_digit5(root: Path, params: dict) -> None:
                     else:
                         tvd.USPS(str(root / USPS_DIR), train=train, download=True)
     except Exception as exc:
-        raise _missing("Digit-Five files are", root, _digit5_missing(root, domains, "torchvision"),
-                       _digit5_how("torchvision"), f"{type(exc).__name__}: {exc}") from None
+        raise missing_error("Digit-Five files are", root, _digit5_missing(root, domains, "torchvision"),
+                            _digit5_how("torchvision"), f"{type(exc).__name__}: {exc}") from None
     if "mnistm" in domains:
-        _prepare_mnistm(root, {"layout": "auto"})
+        prepare_mnistm(root, {"layout": "auto"})
     if "syn" in domains:
-        _prepare_syn(root, {"layout": "auto"})
+        prepare_syn(root, {"layout": "auto"})
 
 
 def _load_digit5(root: Path, params: dict) -> RawDataset:
@@ -138,7 +138,7 @@ def _load_digit5(root: Path, params: dict) -> RawDataset:
     source, size, cap = params["source"], int(params["image_size"]), params["max_per_domain"]
     missing = _digit5_missing(root, domains, source)
     if missing:
-        raise _missing(f"Digit-Five files (source={source!r}) are", root, missing, _digit5_how(source))
+        raise missing_error(f"Digit-Five files (source={source!r}) are", root, missing, _digit5_how(source))
     xs, ys, splits, dom = [], [], [], []
     used = []
     for i, d in enumerate(domains):
@@ -172,7 +172,7 @@ def _load_digit5(root: Path, params: dict) -> RawDataset:
     )
 
 
-_register(
+register_dataset(
     DatasetSpec(
         name="digit5",
         summary="Digit-Five: MNIST, MNIST-M, SVHN, SynthDigits, USPS as 3xSxS RGB, 10 classes, domain id per sample",

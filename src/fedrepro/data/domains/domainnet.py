@@ -8,13 +8,13 @@ from pathlib import Path
 from typing import Sequence
 
 from fedrepro.data.base import DataMissingError, RawDataset
-from fedrepro.data.dataset_registry import DatasetSpec, _register
+from fedrepro.data.dataset_registry import DatasetSpec, register_dataset
 from fedrepro.data.downloads import Download, contained, extract_zip, fetch
 from fedrepro.io import replace_dir
 from fedrepro.registry import ConfigError, Param, show
-from fedrepro.data.domains._common import _check_list, _domain_images_dataset, _missing, evenly_spaced
-from fedrepro.data.domains.fedbn_digits import _find_dir_containing
-from fedrepro.data.domains.mnistm import _list_entry, _read_list_lines
+from fedrepro.data.domains._common import check_name_list, domain_images_dataset, missing_error, evenly_spaced
+from fedrepro.data.domains.fedbn_digits import find_dir_containing
+from fedrepro.data.domains.mnistm import list_entry, read_list_lines
 
 
 DOMAINNET_DIR = "DomainNet"
@@ -100,8 +100,8 @@ def _read_domainnet_txt(path: Path) -> list[tuple[str, str, int]]:
     Every path must stay inside the DomainNet folder (checked again when the images are read)."""
     rows = []
     base = path.parent
-    for i, line in enumerate(_read_list_lines(path), 1):
-        rel, label = _list_entry(path, i, line)
+    for i, line in enumerate(read_list_lines(path), 1):
+        rel, label = list_entry(path, i, line)
         rel = rel.replace("\\", "/")
         contained(base, rel, f"{path}, line {i}")
         parts = rel.split("/")
@@ -113,7 +113,7 @@ def _read_domainnet_txt(path: Path) -> list[tuple[str, str, int]]:
 
 def _prepare_domainnet(root: Path, params: dict) -> None:
     root = Path(root)
-    domains = _check_list("dataset 'domainnet'", "domains", params["domains"], DOMAINNET_DOMAINS)
+    domains = check_name_list("dataset 'domainnet'", "domains", params["domains"], DOMAINNET_DOMAINS)
     base = root / DOMAINNET_DIR
     try:
         for d in domains:
@@ -123,11 +123,11 @@ def _prepare_domainnet(root: Path, params: dict) -> None:
             if not (base / d).is_dir():
                 _fetch_domainnet_images(base, d)
     except Exception as exc:
-        raise _missing("DomainNet files are", base, _domainnet_missing(root, domains), _domainnet_how(domains),
-                       f"{type(exc).__name__}: {exc}") from None
+        raise missing_error("DomainNet files are", base, _domainnet_missing(root, domains), _domainnet_how(domains),
+                            f"{type(exc).__name__}: {exc}") from None
     missing = _domainnet_missing(root, domains)
     if missing:
-        raise _missing("DomainNet files are", base, missing, _domainnet_how(domains))
+        raise missing_error("DomainNet files are", base, missing, _domainnet_how(domains))
 
 
 def _fetch_domainnet_images(base: Path, domain: str) -> None:
@@ -136,7 +136,7 @@ def _fetch_domainnet_images(base: Path, domain: str) -> None:
     archive = fetch(domainnet_download(f"{domain}.zip"), base)
     staging = extract_zip(archive, base, domain)
     try:
-        src = _find_dir_containing(staging, domain, depth=1)
+        src = find_dir_containing(staging, domain, depth=1)
         if src is None:
             raise DataMissingError(f"{archive.name} holds no {domain}/ folder")
         replace_dir(src / domain, base / domain)
@@ -165,10 +165,10 @@ def _domainnet_classes(params: dict, official: dict[str, int]) -> list[str]:
 def _load_domainnet(root: Path, params: dict) -> RawDataset:
     root = Path(root)
     base = root / DOMAINNET_DIR
-    domains = _check_list("dataset 'domainnet'", "domains", params["domains"], DOMAINNET_DOMAINS)
+    domains = check_name_list("dataset 'domainnet'", "domains", params["domains"], DOMAINNET_DOMAINS)
     missing = _domainnet_missing(root, domains)
     if missing:
-        raise _missing("DomainNet files are", base, missing, _domainnet_how(domains))
+        raise missing_error("DomainNet files are", base, missing, _domainnet_how(domains))
     rows = {(d, s): _read_domainnet_txt(base / f"{d}_{s}.txt") for d in domains for s in ("train", "test")}
     official = {name: cid for r in rows.values() for _, name, cid in r}
     classes = _domainnet_classes(params, official)
@@ -190,10 +190,10 @@ def _load_domainnet(root: Path, params: dict) -> RawDataset:
             + "\n".join(_domainnet_how(domains))
         )
     source = f"{DOMAINNET_SOURCE} [domains (id order): {', '.join(domains)}; classes (label order): {', '.join(classes)}]"
-    return _domain_images_dataset("domainnet", paths, labels, splits, dom, int(params["image_size"]), len(classes), source)
+    return domain_images_dataset("domainnet", paths, labels, splits, dom, int(params["image_size"]), len(classes), source)
 
 
-_register(
+register_dataset(
     DatasetSpec(
         name="domainnet",
         summary="DomainNet: clipart / infograph / painting / quickdraw / real / sketch, class subset (default FedBN's 10), domain id",

@@ -13,7 +13,7 @@ import numpy as np
 from fedrepro.data.base import DataMissingError
 from fedrepro.data.downloads import Download, UnpinnedDownloadError, extract_zip, fetch
 from fedrepro.io import replace_dir
-from fedrepro.data.domains._common import _digit_labels, _missing, _refused, _stack_splits
+from fedrepro.data.domains._common import digit_labels, missing_error, refused_error, stack_splits
 
 
 FEDBN_DIGITS_DIR = "fedbn_digits"
@@ -47,7 +47,7 @@ def fedbn_present(root: Path, domain: str) -> bool:
     return bool(_fedbn_parts(folder)) and (folder / "test.pkl").is_file()
 
 
-def _fedbn_expected(root: Path, domains: Iterable[str]) -> list[str]:
+def fedbn_expected(root: Path, domains: Iterable[str]) -> list[str]:
     return [
         f"{FEDBN_DIGITS_DIR}/{FEDBN_DIGIT_FOLDERS[d]}/partitions/train_part0.pkl .. train_part9.pkl and "
         f"{FEDBN_DIGITS_DIR}/{FEDBN_DIGIT_FOLDERS[d]}/test.pkl"
@@ -110,13 +110,13 @@ def _load_pkl_file(path: Path) -> Any:
         return fmt.read_array(fh, allow_pickle=False)
 
 
-def _read_pkl_pair(path: Path) -> tuple[np.ndarray, np.ndarray]:
+def read_pkl_pair(path: Path) -> tuple[np.ndarray, np.ndarray]:
     try:
         images, labels = _load_pkl_file(path)
     except (OSError, pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError, IndexError,
             MemoryError, RecursionError) as exc:
         raise DataMissingError(f"cannot read {path} as a pickled (images, labels) pair: {exc}") from None
-    return np.asarray(images, dtype=np.uint8), _digit_labels(labels, str(path))
+    return np.asarray(images, dtype=np.uint8), digit_labels(labels, str(path))
 
 
 def read_fedbn_digits(root: Path, domain: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -125,14 +125,14 @@ def read_fedbn_digits(root: Path, domain: str) -> tuple[np.ndarray, np.ndarray, 
     pieces = []
     for split, files in ((0, _fedbn_parts(folder)), (1, [folder / "test.pkl"])):
         for f in files:
-            x, y = _read_pkl_pair(f)
+            x, y = read_pkl_pair(f)
             if len(x) != len(y):
                 raise DataMissingError(f"{f}: {len(x)} images but {len(y)} labels")
             pieces.append((split, x, y))
-    return _stack_splits(pieces)
+    return stack_splits(pieces)
 
 
-def _find_dir_containing(base: Path, name: str, depth: int = 3) -> Path | None:
+def find_dir_containing(base: Path, name: str, depth: int = 3) -> Path | None:
     """The shallowest folder under `base` holding a sub-folder `name`."""
     frontier = [base]
     for _ in range(depth + 1):
@@ -150,7 +150,7 @@ def _find_dir_containing(base: Path, name: str, depth: int = 3) -> Path | None:
 FEDBN_DIGITS_DOWNLOAD = Download(FEDBN_DIGITS_ZIP, FEDBN_DIGITS_URL, gdrive_id=FEDBN_DIGITS_GDRIVE_ID)
 
 
-def _prepare_fedbn_digits(root: Path, domains: Iterable[str]) -> None:
+def prepare_fedbn_digits(root: Path, domains: Iterable[str]) -> None:
     """Download, verify and unpack FedBN's digit_dataset.zip if any requested domain is incomplete."""
     root = Path(root)
     domains = list(domains)
@@ -163,15 +163,15 @@ def _prepare_fedbn_digits(root: Path, domains: Iterable[str]) -> None:
         archive = fetch(FEDBN_DIGITS_DOWNLOAD, target)
         staging = extract_zip(archive, root, FEDBN_DIGITS_DIR)
     except UnpinnedDownloadError as exc:
-        raise _refused("FedBN Digit-Five files are", target, _fedbn_expected(root, domains), FEDBN_HOW, exc) from None
+        raise refused_error("FedBN Digit-Five files are", target, fedbn_expected(root, domains), FEDBN_HOW, exc) from None
     except Exception as exc:  # gdown missing, no network, checksum mismatch, bad or unsafe archive, ...
-        raise _missing(
-            "FedBN Digit-Five files are", target, _fedbn_expected(root, domains), FEDBN_HOW, f"{type(exc).__name__}: {exc}"
+        raise missing_error(
+            "FedBN Digit-Five files are", target, fedbn_expected(root, domains), FEDBN_HOW, f"{type(exc).__name__}: {exc}"
         ) from None
     finally:
         (target / FEDBN_DIGITS_ZIP).unlink(missing_ok=True)
     try:
-        base = _find_dir_containing(staging, "MNIST_M") or _find_dir_containing(staging, "SynthDigits")
+        base = find_dir_containing(staging, "MNIST_M") or find_dir_containing(staging, "SynthDigits")
         if base is not None:
             for folder in FEDBN_DIGIT_FOLDERS.values():
                 if (base / folder).is_dir():
@@ -179,5 +179,5 @@ def _prepare_fedbn_digits(root: Path, domains: Iterable[str]) -> None:
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     if not all(fedbn_present(root, d) for d in domains):
-        raise _missing("FedBN Digit-Five files are", target, _fedbn_expected(root, domains), FEDBN_HOW,
-                       f"{FEDBN_DIGITS_ZIP} did not contain them")
+        raise missing_error("FedBN Digit-Five files are", target, fedbn_expected(root, domains), FEDBN_HOW,
+                            f"{FEDBN_DIGITS_ZIP} did not contain them")

@@ -8,10 +8,10 @@ from typing import Sequence
 import numpy as np
 
 from fedrepro.data.base import DataMissingError, RawDataset
-from fedrepro.data.dataset_registry import DatasetSpec, _register
+from fedrepro.data.dataset_registry import DatasetSpec, register_dataset
 from fedrepro.data.downloads import UnpinnedDownloadError, file_digests, record, require_unpinned_ok
 from fedrepro.registry import ConfigError, Param
-from fedrepro.data.domains._common import _check_list, _missing
+from fedrepro.data.domains._common import check_name_list, missing_error
 
 
 MITDB_DIR = "mitdb"
@@ -66,7 +66,7 @@ def _mitbih_how() -> list[str]:
 
 def _mitbih_missing_error(d: Path, wanted: Sequence[str], detail: str = "") -> DataMissingError:
     missing = [r for r in wanted if not all((d / f"{r}.{e}").is_file() for e in ("hea", "dat", "atr"))]
-    return _missing(
+    return missing_error(
         "MIT-BIH record files are",
         d,
         [f"{r}.hea, {r}.dat, {r}.atr" for r in missing] or [f"<record>.hea/.dat/.atr for records {', '.join(wanted)}"],
@@ -107,7 +107,7 @@ def _prepare_mitbih(root: Path, params: dict) -> None:
 def _load_mitbih(root: Path, params: dict) -> RawDataset:
     d = Path(root) / MITDB_DIR
     requested = _mitbih_records_param(params)
-    classes = _check_list("dataset 'mitbih'", "classes", params["classes"], BEAT_SYMBOLS)
+    classes = check_name_list("dataset 'mitbih'", "classes", params["classes"], BEAT_SYMBOLS)
     window, lead, normalize = int(params["window"]), str(params["lead"]), params["normalize"]
     present = _mitdb_present(d)
     if requested is None:
@@ -167,7 +167,7 @@ def _load_mitbih(root: Path, params: dict) -> RawDataset:
     )
 
 
-_register(
+register_dataset(
     DatasetSpec(
         name="mitbih",
         summary="MIT-BIH Arrhythmia: R-peak-centred ECG beat windows (360 Hz), 12 beat classes, patient id per beat",

@@ -8,12 +8,12 @@ from pathlib import Path
 from typing import Sequence
 
 from fedrepro.data.base import DataMissingError, RawDataset
-from fedrepro.data.dataset_registry import DatasetSpec, _register
+from fedrepro.data.dataset_registry import DatasetSpec, register_dataset
 from fedrepro.data.downloads import Download, UnpinnedDownloadError, extract_zip, fetch
 from fedrepro.io import replace_dir
 from fedrepro.registry import Param
-from fedrepro.data.domains._common import _check_list, _domain_images_dataset, _missing, _refused
-from fedrepro.data.domains.fedbn_digits import _find_dir_containing
+from fedrepro.data.domains._common import check_name_list, domain_images_dataset, missing_error, refused_error
+from fedrepro.data.domains.fedbn_digits import find_dir_containing
 
 
 PACS_DIR = "PACS"
@@ -79,38 +79,38 @@ def _pacs_samples(root: Path, domain: str, split: str) -> tuple[list[str], list[
 
 def _prepare_pacs(root: Path, params: dict) -> None:
     root = Path(root)
-    domains = _check_list("dataset 'pacs'", "domains", params["domains"], PACS_DOMAINS)
+    domains = check_name_list("dataset 'pacs'", "domains", params["domains"], PACS_DOMAINS)
     missing = _pacs_missing(root, domains, "none")
     if missing:
         staging = None
         try:
             root.mkdir(parents=True, exist_ok=True)
             staging = extract_zip(fetch(PACS_DOWNLOAD, root), root, PACS_DIR)
-            src = _find_dir_containing(staging, "art_painting")
+            src = find_dir_containing(staging, "art_painting")
             if src is None:
                 raise DataMissingError("PACS.zip holds no art_painting/ folder")
             replace_dir(src, root / PACS_DIR)
         except UnpinnedDownloadError as exc:
-            raise _refused("PACS image folders are", root / PACS_DIR, _pacs_missing(root, domains, params["split"]),
-                           PACS_HOW, exc) from None
+            raise refused_error("PACS image folders are", root / PACS_DIR, _pacs_missing(root, domains, params["split"]),
+                                PACS_HOW, exc) from None
         except Exception as exc:
-            raise _missing("PACS image folders are", root / PACS_DIR, _pacs_missing(root, domains, params["split"]),
-                           PACS_HOW, f"{type(exc).__name__}: {exc}") from None
+            raise missing_error("PACS image folders are", root / PACS_DIR, _pacs_missing(root, domains, params["split"]),
+                                PACS_HOW, f"{type(exc).__name__}: {exc}") from None
         finally:
             if staging is not None:
                 shutil.rmtree(staging, ignore_errors=True)
             (root / "PACS.zip").unlink(missing_ok=True)
     missing = _pacs_missing(root, domains, params["split"])
     if missing:
-        raise _missing("PACS files are", root / PACS_DIR, missing, PACS_HOW)
+        raise missing_error("PACS files are", root / PACS_DIR, missing, PACS_HOW)
 
 
 def _load_pacs(root: Path, params: dict) -> RawDataset:
     root = Path(root)
-    domains = _check_list("dataset 'pacs'", "domains", params["domains"], PACS_DOMAINS)
+    domains = check_name_list("dataset 'pacs'", "domains", params["domains"], PACS_DOMAINS)
     missing = _pacs_missing(root, domains, params["split"])
     if missing:
-        raise _missing("PACS files are", root / PACS_DIR, missing, PACS_HOW)
+        raise missing_error("PACS files are", root / PACS_DIR, missing, PACS_HOW)
     paths, labels, splits, dom = [], [], [], []
     for i, d in enumerate(domains):
         p, y, s = _pacs_samples(root, d, params["split"])
@@ -119,10 +119,10 @@ def _load_pacs(root: Path, params: dict) -> RawDataset:
         splits += s
         dom += [i] * len(p)
     source = f"{PACS_SOURCE} [domains (id order): {', '.join(domains)}; split: {params['split']}]"
-    return _domain_images_dataset("pacs", paths, labels, splits, dom, int(params["image_size"]), len(PACS_CLASSES), source)
+    return domain_images_dataset("pacs", paths, labels, splits, dom, int(params["image_size"]), len(PACS_CLASSES), source)
 
 
-_register(
+register_dataset(
     DatasetSpec(
         name="pacs",
         summary="PACS: photo / art_painting / cartoon / sketch, 7 object classes, 3xSxS, domain id per sample",

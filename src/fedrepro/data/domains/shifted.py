@@ -24,12 +24,10 @@ from pathlib import Path
 from typing import Callable
 
 import numpy as np
-import torch
-import torch.nn.functional as F
 
 from fedrepro.data.base import RawDataset
-from fedrepro.data.dataset_registry import DATASETS, DatasetSpec, _register, load_dataset
-from fedrepro.data.domains._common import _check_list
+from fedrepro.data.dataset_registry import DATASETS, DatasetSpec, load_dataset, register_dataset
+from fedrepro.data.domains._common import check_name_list
 from fedrepro.registry import ConfigError, Param
 
 BASES = ("fmnist", "digits")
@@ -49,7 +47,17 @@ def _tint(x: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     return a * TINT_FG[None, :, None, None] + (1 - a) * TINT_BG[None, :, None, None]
 
 
+def _interpolate():
+    """torch's (torch.nn.functional), imported when a domain is rendered: importing the dataset
+    registry, as every data job does, must not import torch (seconds of a job's start-up)."""
+    import torch
+    import torch.nn.functional as F
+
+    return torch, F
+
+
 def _texture(x: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    torch, F = _interpolate()
     n, _, h, w = x.shape
     coarse = torch.from_numpy(rng.uniform(0, 255, (n, 3, 4, 4)).astype(np.float32))
     texture = F.interpolate(coarse, size=(h, w), mode="bilinear", align_corners=False).numpy()
@@ -57,6 +65,7 @@ def _texture(x: np.ndarray, rng: np.random.Generator) -> np.ndarray:
 
 
 def _lowres(x: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    torch, F = _interpolate()
     t = torch.from_numpy(x.astype(np.float32))
     h, w = x.shape[-2:]
     small = F.interpolate(t, size=(max(h // 4, 1), max(w // 4, 1)), mode="area")
@@ -76,6 +85,7 @@ DEFAULT_DOMAINS = ["gray", "invert", "tint", "texture", "lowres"]
 
 def render(gray: np.ndarray, domain: str, size: int, rng: np.random.Generator) -> np.ndarray:
     """Grey uint8 images (n, 1, H, W) in a domain's style as uint8 RGB (n, 3, size, size)."""
+    torch, F = _interpolate()
     t = torch.from_numpy(gray.astype(np.float32))
     if tuple(gray.shape[-2:]) != (size, size):
         t = F.interpolate(t, size=(size, size), mode="bilinear", align_corners=False)
@@ -108,7 +118,7 @@ def _prepare(root: Path, params: dict) -> None:
 
 
 def _load(root: Path, params: dict) -> RawDataset:
-    domains = _check_list("dataset 'shifted_domains'", "domains", params["domains"], tuple(SHIFTS))
+    domains = check_name_list("dataset 'shifted_domains'", "domains", params["domains"], tuple(SHIFTS))
     base = _base(root, params)
     _, parts = _assignment(len(base.y), params)
     rng = np.random.default_rng([params["seed"], 1])
@@ -156,7 +166,7 @@ PARAMS = {
     "seed": Param(0, "seed of the image-to-domain assignment and the random styles (textures)", int, minimum=0),
 }
 
-_register(
+register_dataset(
     DatasetSpec(
         name="shifted_domains",
         summary="offline multi-domain images: Fashion-MNIST (or digits) in distinct per-domain styles, domain id per sample",

@@ -8,11 +8,11 @@ from typing import Sequence
 import numpy as np
 
 from fedrepro.data.base import DataMissingError, RawDataset
-from fedrepro.data.dataset_registry import DatasetSpec, _register
-from fedrepro.data.domains._common import _digit_labels, _missing, _stack_splits
-from fedrepro.data.domains.fedbn_digits import (FEDBN_DIGITS_URL, FEDBN_DIGITS_ZIP, FEDBN_HOW, _prepare_fedbn_digits,
+from fedrepro.data.dataset_registry import DatasetSpec, register_dataset
+from fedrepro.data.domains._common import digit_labels, missing_error, stack_splits
+from fedrepro.data.domains.fedbn_digits import (FEDBN_DIGITS_URL, FEDBN_DIGITS_ZIP, FEDBN_HOW, prepare_fedbn_digits,
                                                 fedbn_present, read_fedbn_digits)
-from fedrepro.data.domains.mnistm import LAYOUT_PARAM, _load_layout_digits, _pick_layout, _read_layout
+from fedrepro.data.domains.mnistm import LAYOUT_PARAM, load_layout_digits, pick_layout, read_layout
 
 
 SYN_ORIG_DIR = "SynthDigits"
@@ -25,7 +25,7 @@ SYN_SOURCE = (
 )
 
 
-def _syn_orig_present(root: Path) -> bool:
+def syn_orig_present(root: Path) -> bool:
     return all((Path(root) / SYN_ORIG_DIR / f).is_file() for f in SYN_ORIG_FILES)
 
 
@@ -44,20 +44,20 @@ def _read_svhn_style_mat(path: Path) -> tuple[np.ndarray, np.ndarray]:
     if "X" not in mat or "y" not in mat:
         raise DataMissingError(f"{path}: expected variables X and y, found {sorted(k for k in mat if not k.startswith('__'))}")
     x = np.ascontiguousarray(np.asarray(mat["X"], dtype=np.uint8).transpose(3, 0, 1, 2))
-    return x, _digit_labels(mat["y"], str(path))
+    return x, digit_labels(mat["y"], str(path))
 
 
-def _read_mat_splits(folder: Path, files: Sequence[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def read_mat_splits(folder: Path, files: Sequence[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """SVHN-format train then test .mat files of one folder as (NHWC uint8, labels, split) (SVHN, SynthDigits)."""
-    return _stack_splits((split, *_read_svhn_style_mat(folder / f)) for split, f in enumerate(files))
+    return stack_splits((split, *_read_svhn_style_mat(folder / f)) for split, f in enumerate(files))
 
 
 def read_syn(root: Path, layout: str = "auto") -> tuple[np.ndarray, np.ndarray, np.ndarray, str]:
     root = Path(root)
-    chosen = _read_layout(root, layout, "syn", "SynthDigits", _syn_orig_missing(root), _syn_how())
+    chosen = read_layout(root, layout, "syn", "SynthDigits", _syn_orig_missing(root), _syn_how())
     if chosen == "fedbn":
         return (*read_fedbn_digits(root, "syn"), chosen)
-    return (*_read_mat_splits(root / SYN_ORIG_DIR, SYN_ORIG_FILES), chosen)
+    return (*read_mat_splits(root / SYN_ORIG_DIR, SYN_ORIG_FILES), chosen)
 
 
 def _syn_how() -> list[str]:
@@ -67,20 +67,20 @@ def _syn_how() -> list[str]:
     ]
 
 
-def _prepare_syn(root: Path, params: dict) -> None:
+def prepare_syn(root: Path, params: dict) -> None:
     root = Path(root)
-    if _pick_layout(root, params["layout"], fedbn_present(root, "syn"), _syn_orig_present(root)):
+    if pick_layout(root, params["layout"], fedbn_present(root, "syn"), syn_orig_present(root)):
         return
     if params["layout"] == "original":
-        raise _missing("SynthDigits original files are", root / SYN_ORIG_DIR, SYN_ORIG_FILES, _syn_how()[-1:])
-    _prepare_fedbn_digits(root, ["syn"])
+        raise missing_error("SynthDigits original files are", root / SYN_ORIG_DIR, SYN_ORIG_FILES, _syn_how()[-1:])
+    prepare_fedbn_digits(root, ["syn"])
 
 
 def _load_syn(root: Path, params: dict) -> RawDataset:
-    return _load_layout_digits("syn", read_syn, SYN_SOURCE, root, params)
+    return load_layout_digits("syn", read_syn, SYN_SOURCE, root, params)
 
 
-_register(
+register_dataset(
     DatasetSpec(
         name="syn",
         summary="SynthDigits: synthetic Windows-font digits on varied backgrounds, 3x32x32, 10 classes",
@@ -89,7 +89,7 @@ _register(
         sample_shape=(3, 32, 32),
         size="FedBN release: 7,438 train (10 partitions) + 97,791 test; original: 479,400 train + 9,553 test",
         params={"layout": LAYOUT_PARAM},
-        prepare=_prepare_syn,
+        prepare=prepare_syn,
         load=_load_syn,
     )
 )
