@@ -32,9 +32,9 @@ def test_without_gpu_cells_run_side_by_side_at_two_threads_bounded_by_cores():
     assert p.gpu_slots is None and p.resources() is None  # no slot limit: --cores bounds the cells
     # the threads every cell trained at before the plan existed: the same numbers as recorded
     assert p.threads == CPU_CELL_THREADS == 2 and p.set_threads() == {rule: 2 for rule in TRAINING_RULES}
-    assert "no GPU" in p.line and "as many as --cores allows (16 at once on 32 cores)" in p.line and "2 threads each" in p.line
+    assert "no GPU" in p.line and "as many as --cores allows (16 at once with all 32 cores)" in p.line and "2 threads each" in p.line
     small = plan(cores=2, gpus_free_mib=[])  # the quick start's machine: one 2-thread cell at a time, said so
-    assert small.gpu_slots is None and "one at a time (2 cores, 2 threads a cell)" in small.line
+    assert small.gpu_slots is None and "as many as --cores allows (1 at once with all 2 cores), 2 threads each" in small.line
     # available memory caps it (2 GiB a cell), never the cores of this machine: --cores 8 on 2 cores
     assert plan(cores=2, gpus_free_mib=[], host_free_mib=64 * GIB).gpu_slots == 32
     capped = plan(cores=32, gpus_free_mib=[], host_free_mib=12 * GIB)

@@ -114,9 +114,9 @@ def plan(cores: int, gpus_free_mib: Sequence[int | None], host_free_mib: int | N
     else:
         head = "no GPU"
     if planned is None:
-        fit = max(1, cores // threads)  # what Snakemake's --cores (all, in the profile) lets run at once
-        at_once = (f"side by side, as many as --cores allows ({fit} at once on {cores} cores)" if fit > 1
-                   else f"one at a time ({cores} core{'' if cores == 1 else 's'}, {threads} threads a cell)")
+        # what the profile's `--cores all` lets run at once (a --cores on the command line decides instead)
+        fit = max(1, cores // threads)
+        at_once = f"side by side, as many as --cores allows ({fit} at once with all {cores} cores)"
     elif planned == 1:
         at_once = f"one at a time{why}"
     else:
