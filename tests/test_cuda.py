@@ -31,6 +31,7 @@ from fedrepro.methods import METHODS  # noqa: E402
 from conftest import fit_cell_to_method, kill_in_round_3_and_resume, method_engine  # noqa: E402
 from test_engine import strip_timing  # noqa: E402
 from test_throughput import HPARAMS, VECTORIZED, assert_close_params, conv_partition, run_rounds  # noqa: E402,F401
+from test_batched_eval import assert_same_personal_scores, conv_method_engine, recorded  # noqa: E402
 
 cuda = pytest.mark.cuda
 DEVICES = ["cpu", pytest.param("cuda", marks=cuda)]
@@ -192,3 +193,73 @@ def test_compiled_convolutions_equal_eager_on_cuda(conv_partition):
     eager, comp = conv_engine(conv_partition, "cuda"), conv_engine(conv_partition, "cuda", compile=True)
     assert_same_round_updates(eager, comp)
     assert comp.compiled.module is not None
+
+
+# -- issue 36: the launch-limit levers on a GPU ----------------------------------------------------
+LEVERS = ["resident_batches", "fused_step", "cuda_graph", "device_losses"]
+
+
+class CountedGraph(torch.cuda.CUDAGraph if torch.cuda.is_available() else object):
+    """torch.cuda.CUDAGraph counting its replays (the lever's steps really replayed)."""
+
+    replays = 0
+
+    def replay(self):
+        CountedGraph.replays += 1
+        return super().replay()
+
+
+@cuda
+@pytest.mark.parametrize("name", VECTORIZED)
+def test_levers_equal_sequential_on_cuda(tiny_partition, make_cell, monkeypatch, name):
+    """Every training lever at once on the GPU (the fused step, the captured and replayed CUDA
+    graph): 2 rounds of uploads, losses, server model and client state equal the sequential path's."""
+    set_determinism(True)
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", CountedGraph)
+    CountedGraph.replays = 0
+    hp = HPARAMS.get(name)
+    seq = method_engine(tiny_partition, make_cell, name, hp, device="cuda", rounds=2)
+    fast = method_engine(tiny_partition, make_cell, name, hp, device="cuda", rounds=2, vectorize=True, levers=LEVERS)
+    assert_same_round_updates(seq, fast)
+    assert CountedGraph.replays > 0
+
+
+@cuda
+def test_lever_convolutions_equal_sequential_on_cuda(conv_partition):
+    set_determinism(True)
+    seq, fast = conv_engine(conv_partition, "cuda"), conv_engine(conv_partition, "cuda", vectorize=True, levers=LEVERS)
+    assert_same_round_updates(seq, fast)
+
+
+@cuda
+def test_a_lever_round_never_waits_for_the_gpu(tiny_partition, make_cell):
+    """No host synchronisation inside a vectorized round's local updates with every lever:
+    torch's sync debug mode turns any synchronising call there into an error."""
+    set_determinism(True)
+    engine = method_engine(tiny_partition, make_cell, "fedavg", device="cuda", rounds=2, vectorize=True, levers=LEVERS)
+    original = engine.method.local_updates
+
+    def strict(clients, payloads):
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            return original(clients, payloads)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+
+    engine.method.local_updates = strict
+    run_rounds(engine, 2)
+
+
+@cuda
+@pytest.mark.parametrize("name", ["fedper", "ditto"])
+def test_batched_eval_equals_per_client_scoring_on_cuda(conv_partition, monkeypatch, name):
+    """training.levers batched_eval on the GPU: fedavg_cnn's personalized models scored in one
+    vmapped pass (grouped cuDNN convolutions) against one forward per client and chunk: each
+    client's personal accuracy within one of its samples (tests/test_batched_eval.py)."""
+    set_determinism(True)
+    per_client = recorded(monkeypatch, conv_method_engine(conv_partition, name, device="cuda"))
+    engine = conv_method_engine(conv_partition, name, device="cuda", levers=["batched_eval"])
+    batched = recorded(monkeypatch, engine)
+    assert engine.scoring.blocker_checked and engine.scoring.blocker is None
+    assert_same_personal_scores(engine, per_client, batched)

@@ -300,11 +300,36 @@ def resolve_training(training: dict | None, where: str, num_clients: int | None 
     _check_schedule_reach(blocks if blocks is not None else [(where, training)], t, where, trial)
     if s["name"] == "cosine":
         s["total_rounds"] = t["rounds"]
+    _check_levers(where, t)
     k = t.get("personal_eval_every")
     if k is not None and k % t["eval_every"]:
         raise ConfigError(f"config key '{where}.personal_eval_every' has value {k}; allowed: a multiple of "
                           f"'{where}.eval_every' ({t['eval_every']}): the personalized models are scored at evaluations")
     return t
+
+
+#: Levers of `training.levers` that act inside a vectorized round (engine/vectorized.py), and the
+#: optimizers with a fused step (torch's `fused=True`; lightly's LARS has none).
+VECTORIZED_LEVERS = ("resident_batches", "fused_step", "cuda_graph", "device_losses")
+FUSED_OPTIMIZERS = ("sgd", "adam", "adamw")
+
+
+def _check_levers(where: str, t: dict) -> None:
+    """`training.levers` only where each lever can act: the vectorized ones need `vectorize: true`,
+    the CUDA graph needs the resident batches and the fused step (its replayed step has a fixed
+    shape), the fused step a fused optimizer."""
+    levers = t.get("levers") or []
+    inside = [lever for lever in levers if lever in VECTORIZED_LEVERS]
+    if inside and not t.get("vectorize"):
+        raise ConfigError(f"config key '{where}.levers' has value {levers}; allowed: {inside} only with "
+                          f"'{where}.vectorize: true' (they act inside a vectorized round); else only batched_eval")
+    if "cuda_graph" in levers and not {"resident_batches", "fused_step"} <= set(levers):
+        raise ConfigError(f"config key '{where}.levers' has value {levers}; allowed: cuda_graph together with "
+                          "resident_batches and fused_step (the replayed step gathers its batches and masks finished clients)")
+    name = t["optimizer"]["name"]
+    if "fused_step" in levers and name not in FUSED_OPTIMIZERS:
+        raise ConfigError(f"config key '{where}.levers' has value {levers}; allowed: fused_step only with "
+                          f"'{where}.optimizer.name' one of {list(FUSED_OPTIMIZERS)} (it is {name!r}, which has no fused step)")
 
 
 #: The optimizer keys each optimizer reads and the lr_schedule keys each schedule reads (engine.OPTIMIZERS,

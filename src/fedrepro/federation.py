@@ -86,10 +86,12 @@ class FitResult:
 
 @dataclass
 class ClientFit:
-    """One client's result of `fit_many`: its trained parameters and buffers, its loss."""
+    """One client's result of `fit_many`: its trained parameters and buffers, its loss (in a
+    vectorized round with the lever `device_losses`, a 0-d device tensor until the loop reads
+    the round's losses at once: pass it on to `Update.loss` as it is)."""
 
     params: Params
-    loss: float
+    loss: float | torch.Tensor
     steps: int
 
 
@@ -101,7 +103,7 @@ class Update:
     num_samples: int
     params: Params = field(default_factory=dict)
     extras: dict[str, Any] = field(default_factory=dict)  # prototypes, control-variate deltas, losses, ...
-    loss: float = float("nan")
+    loss: float | torch.Tensor = float("nan")  # a number once the loop has it (ClientFit.loss)
 
 
 class Engine(Protocol):

@@ -68,6 +68,7 @@ class Engine:
         self.round = 0
         self.streams = training.Streams(self.seed)  # the seeded batch streams (training.py's)
         self.scoring = Scoring(self.clients)  # what evaluation keeps across rounds (evaluation.py's)
+        self.resident = training.ResidentSplits(self.clients)  # lever resident_batches (training.py's)
         torch.manual_seed(derive_seed(self.seed, "model-init"))
         self.model: SplitModel = build_model(cell["model"]["name"], manifest["sample_shape"], self.num_classes, cell["model"].get("params")).to(device)
         use_layout(self.model, self.training.get("channels_last", False), device)  # absent in older cells: as before

@@ -39,6 +39,16 @@ def _checked(update: Update, cid: int, r: int) -> Update:
     return update
 
 
+def _settled(updates: list[Update]) -> list[Update]:
+    """The updates with their losses as numbers: those a vectorized fit left on the device (lever
+    `device_losses`) are read back at once, the round's one host synchronisation of its local updates."""
+    on_device = [u for u in updates if isinstance(u.loss, torch.Tensor)]
+    if on_device:
+        for u, value in zip(on_device, torch.stack([u.loss for u in on_device]).tolist()):
+            u.loss = value
+    return updates
+
+
 def train_round(engine, r: int) -> tuple[list[Update], int, int]:
     """The local updates of round `r`'s sampled clients (before aggregation), and the bytes
     sent up and down: all at once where the round is vectorized (`Method.local_updates`, whose
@@ -49,7 +59,7 @@ def train_round(engine, r: int) -> tuple[list[Update], int, int]:
         payloads = [method.broadcast(c) for c in sampled]
         down = sum(payload_bytes(p) for p in payloads)
         with engine.streams.vectorized_round():
-            updates = [_checked(u, cid, r) for u, cid in zip(method.local_updates(sampled, payloads), cids)]
+            updates = [_checked(u, cid, r) for u, cid in zip(_settled(method.local_updates(sampled, payloads)), cids)]
     else:
         updates, down = [], 0
         for cid, client in zip(cids, sampled):

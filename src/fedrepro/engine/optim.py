@@ -1,7 +1,7 @@
 """Optimizers and the learning-rate schedule of local training.
 
 Owns the optimizer registry (`OPTIMIZERS`: the config's `training.optimizer.name` -> a torch
-optimizer over given parameters, LARS included) and `lr_at`, the learning rate of a round
+optimizer over given parameters, LARS included; `lever_options`: torch's options the levers of a vectorized round turn on) and `lr_at`, the learning rate of a round
 under `training.lr_schedule` (constant, multistep, cosine). Both are pure functions of the
 config: the engine builds a fresh optimizer for every fit at the round's rate.
 """
@@ -26,11 +26,21 @@ def lars(params, lr: float, momentum: float, weight_decay: float) -> torch.optim
 
 
 OPTIMIZERS: dict[str, Callable[..., torch.optim.Optimizer]] = {
-    "sgd": lambda params, lr, momentum, weight_decay: torch.optim.SGD(params, lr=lr, momentum=momentum, weight_decay=weight_decay),
+    "sgd": lambda params, lr, momentum, weight_decay, **options: torch.optim.SGD(params, lr=lr, momentum=momentum, weight_decay=weight_decay, **options),
     "lars": lars,
-    "adam": lambda params, lr, momentum, weight_decay: torch.optim.Adam(params, lr=lr, weight_decay=weight_decay),
-    "adamw": lambda params, lr, momentum, weight_decay: torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay),
+    "adam": lambda params, lr, momentum, weight_decay, **options: torch.optim.Adam(params, lr=lr, weight_decay=weight_decay, **options),
+    "adamw": lambda params, lr, momentum, weight_decay, **options: torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, **options),
 }
+
+
+def lever_options(name: str, levers: frozenset[str] | set[str], device: torch.device) -> dict[str, bool]:
+    """torch's options of optimizer `name` under `training.levers`: its fused step (`fused_step`;
+    config.FUSED_OPTIMIZERS have one) and, for a step captured in a CUDA graph (`cuda_graph`), Adam's
+    step count on the device (torch refuses to capture it otherwise; SGD keeps no count)."""
+    options = {"fused": True} if "fused_step" in levers else {}
+    if "cuda_graph" in levers and device.type == "cuda" and name in ("adam", "adamw"):
+        options["capturable"] = True
+    return options
 
 
 def lr_at(schedule: dict[str, Any], base_lr: float, round: int) -> float:

@@ -16,14 +16,16 @@ from __future__ import annotations
 from contextlib import contextmanager
 from typing import Any, Callable, Iterable, Iterator
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
 from ..federation import Batch, Client, ClientFit, FitResult, Split, select
 from ..io import derive_seed
 from ..models import SplitModel
-from .vectorized import compiled_model, fit_many as fit_many_vectorized, replays_cuda_graphs, vectorize_blocker
-from .optim import OPTIMIZERS, round_lr
+from . import vectorized
+from .vectorized import compiled_model, replays_cuda_graphs, vectorize_blocker
+from .optim import OPTIMIZERS, lever_options, round_lr
 
 Params = dict[str, torch.Tensor]
 
@@ -125,32 +127,70 @@ def batches(engine, client: Client, *, epochs: int | None = None, batch_size: in
     the device, in a seeded order (one stream per round, client and call), augmented
     on the device. Methods with their own inner loops (pFedMe, Per-FedAvg, APFL) use
     this; `fit` is built on it."""
+    data: Split = getattr(client, split)
+    g = engine.streams.next(engine.round, client.id)
+    on_device = None
+    for perm, start, stop in _order(engine, len(data), g, epochs, batch_size, max_steps):
+        if on_device is None or on_device[0] is not perm:
+            # non_blocking: no host-device synchronisation between a client's steps (the order is a
+            # fresh pageable CPU tensor, staged by the copy itself); a no-op on the CPU
+            on_device = perm, perm.to(engine.device, non_blocking=True)
+        idx = on_device[1][start:stop]
+        x, y = data.x[idx], data.y[idx]
+        yield (engine.augment(x, g) if engine.augment is not None else x), y
+
+
+def batch_rows(engine, client: Client, *, epochs: int | None = None, batch_size: int | None = None,
+               split: str = "train", max_steps: int | None = None) -> list[torch.Tensor]:
+    """The indices (on the host) of the batches `batches` yields, without the data: drawn from the
+    same stream, so equal to its batches' wherever no augmentation draws from that stream too."""
+    g = engine.streams.next(engine.round, client.id)
+    return [perm[start:stop] for perm, start, stop in _order(engine, len(getattr(client, split)), g, epochs, batch_size, max_steps)]
+
+
+def _order(engine, n: int, g: torch.Generator, epochs: int | None, batch_size: int | None,
+           max_steps: int | None) -> Iterator[tuple[torch.Tensor, int, int]]:
+    """(epoch order, start, stop) of every mini-batch of a fit over `n` samples: a fresh permutation
+    from `g` per epoch (drawn lazily, so an augmentation between batches draws from `g` in between)."""
     t = engine.training
     epochs = t["local_epochs"] if epochs is None else epochs
     batch_size = batch_size or t["batch_size"]
-    data: Split = getattr(client, split)
-    n = len(data)
-    g = engine.streams.next(engine.round, client.id)
     stop = n - n % batch_size if t["drop_last"] and n >= batch_size else n
     steps = 0
     for _ in range(epochs):
-        # non_blocking: no host-device synchronisation between a client's steps (the order is a
-        # fresh pageable CPU tensor, staged by the copy itself); a no-op on the CPU
-        perm = torch.randperm(n, generator=g).to(engine.device, non_blocking=True)
+        perm = torch.randperm(n, generator=g)
         for start in range(0, stop, batch_size):
             if max_steps is not None and steps >= max_steps:
                 return
-            idx = perm[start : start + batch_size]
-            x, y = data.x[idx], data.y[idx]
-            yield (engine.augment(x, g) if engine.augment is not None else x), y
+            yield perm, start, start + batch_size
             steps += 1
 
 
-def optimizer(engine, params: Iterable[torch.Tensor], lr: float | None = None) -> torch.optim.Optimizer:
-    """A fresh optimizer of the configured kind over `params` at the round's learning rate."""
+class ResidentSplits:
+    """Lever `resident_batches`: every client's split concatenated once on the device (inputs,
+    labels, and each client's first row), built when a vectorized fit first asks for the split."""
+
+    def __init__(self, clients: list[Client]):
+        self.clients = clients
+        self.splits: dict[str, tuple[torch.Tensor, torch.Tensor, dict[int, int]]] = {}
+
+    def of(self, split: str) -> tuple[torch.Tensor, torch.Tensor, dict[int, int]]:
+        if split not in self.splits:
+            parts = [getattr(c, split) for c in self.clients]
+            offsets = np.cumsum([0] + [len(p) for p in parts])
+            self.splits[split] = (torch.cat([p.x for p in parts]), torch.cat([p.y for p in parts]),
+                                  {c.id: int(o) for c, o in zip(self.clients, offsets)})
+        return self.splits[split]
+
+
+def optimizer(engine, params: Iterable[torch.Tensor], lr: float | None = None,
+              levers: frozenset[str] = frozenset()) -> torch.optim.Optimizer:
+    """A fresh optimizer of the configured kind over `params` at the round's learning rate;
+    `levers`: those of a vectorized round (its fused, capturable step: optim.lever_options)."""
     cfg = engine.training["optimizer"]
     lr = round_lr(engine.training, engine.round) if lr is None else lr
-    return OPTIMIZERS[cfg["name"]](list(params), lr, cfg["momentum"], cfg["weight_decay"])
+    options = lever_options(cfg["name"], levers, engine.device)
+    return OPTIMIZERS[cfg["name"]](list(params), lr, cfg["momentum"], cfg["weight_decay"], **options)
 
 
 def fit(engine, client: Client, *, epochs: int | None = None, trainable: Iterable[str] = ("",), lr: float | None = None,
@@ -226,19 +266,30 @@ def fit_many(engine, clients: list[Client], starts: list[Params], **options: Any
 
 
 def _vectorized_fits(engine, clients: list[Client], starts: list[Params], *, epochs: int | None = None,
-                         lr: float | None = None, batch_size: int | None = None, max_steps: int | None = None,
-                         **options: Any) -> list[ClientFit]:
+                     lr: float | None = None, batch_size: int | None = None, max_steps: int | None = None,
+                     split: str = "train", **options: Any) -> list[ClientFit]:
     """`fit_many` as one vectorized computation (vectorized.fit_many), each client drawing the
-    batches its sequential fit would draw, at its position in its streams of this round."""
-    def draw(client: Client) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    batches its sequential fit would draw, at its position in its streams of this round; with the
+    lever `resident_batches` (and no augmentation, which draws from the same stream between
+    batches) only their indices, gathered from the resident data (`ResidentSplits`)."""
+    levers = frozenset(engine.training.get("levers") or ())
+    order = dict(epochs=epochs, batch_size=batch_size, split=split, max_steps=max_steps)
+
+    def drawn(client: Client, draw: Callable) -> list:
         engine.streams.resume(client.id)
-        out = list(batches(engine, client, epochs=epochs, batch_size=batch_size, split=options.get("split", "train"),
-                           max_steps=max_steps))
+        out = list(draw(engine, client, **order))  # drawn now, at the client's position in its streams
         engine.streams.suspend(client.id)
         return out
 
-    return fit_many_vectorized(engine.model, engine.device, clients, starts, draw,
-                               lambda params: optimizer(engine, params, lr), **options)
+    if "resident_batches" in levers and engine.augment is None:
+        x, y, first = engine.resident.of(split)
+        plan = vectorized.ResidentBatches(
+            x, y, [[first[c.id] + r for r in drawn(c, batch_rows)] for c in clients], engine.device)
+    else:
+        plan = vectorized.StagedBatches([drawn(c, batches) for c in clients], getattr(clients[0], split).x, engine.device)
+    return vectorized.fit_many(engine.model, engine.device, clients, starts, plan,
+                               lambda params: optimizer(engine, params, lr, levers),
+                               levers=levers, **options)
 
 
 def forward_with(engine, params: Params, x: torch.Tensor, features: bool = False) -> torch.Tensor:

@@ -25,6 +25,18 @@ sequential `fit` calls, to floating-point tolerance:
   parameters, so hooks that edit gradients by broadcasting a shared anchor (FedProx's and
   Ditto's proximal term, `methods._helpers.proximal_hook`) work unchanged.
 
+Levers (`training.levers`, issue 36): the launch limit of a GPU round. `resident_batches`:
+every batch is one gather from all clients' data held once on the device (`ResidentBatches`),
+the round's batch indices laid out on the host and sent at once, instead of a staged copy per
+client (`StagedBatches`, the default). `fused_step`: torch's fused optimizer step over the
+stacked tensors, and each client's result masked in at its last step (`torch.where` in the step)
+instead of copied out client by client, so every step runs the same body. `cuda_graph`: that body
+over static buffers, captured once per fit as a CUDA graph and replayed (`_replayed_steps`; on a
+CPU it runs eagerly). `device_losses`: the fits' losses stay device tensors; the loop reads a
+round's losses at once (loop._settled). Each equals the default path: the gather and the
+device-side loss division bit for bit, the fused step to floating-point tolerance
+(tests/test_levers.py; on a GPU tests/test_cuda.py).
+
 Where it cannot be the same computation, the sequential path runs (`vectorize_blocker`):
 a custom `loss_fn`, a model with dropout (random per sample) or BatchNorm running
 statistics (buffers updated in place). A method opts in with its class attribute
@@ -84,24 +96,89 @@ class _StackedView:
         return iter(self._stacked.values())
 
 
+class StagedBatches:
+    """The batches every client's sequential fit draws (lists of (x, y) on the device), staged as
+    zero-padded (clients, width, ...) blocks step after step, `chunk` steps copied at a time: the
+    default batch source of a vectorized fit."""
+
+    def __init__(self, per_client: list[list[tuple[torch.Tensor, torch.Tensor]]], sample: torch.Tensor, device: torch.device):
+        self.per_client, self.sample, self.device = per_client, sample, device
+        self.steps = [len(b) for b in per_client]
+        self.seen = [sum(len(y) for _, y in b) for b in per_client]
+        self.width = max((len(y) for b in per_client for _, y in b), default=0)
+
+    def blocks(self) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+        """(x, y, w) of every step: inputs, labels, loss weights (0 for padding and finished clients)."""
+        # The padded batches of `chunk` steps at a time, staged outside the step loop (a stacked
+        # copy per client and chunk), within a bounded memory budget.
+        per_step = len(self.per_client) * max(self.width, 1) * max(self.sample[0].numel() if len(self.sample) else 1, 1)
+        chunk = max(1, _STAGING_ELEMENTS // per_step)
+        for c0 in range(0, max(self.steps, default=0), chunk):
+            c1 = min(max(self.steps), c0 + chunk)
+            x, y, w = _stage(self.per_client, c0, c1, self.width, self.sample, self.device)
+            for j in range(c1 - c0):
+                yield x[j], y[j], w[j]
+
+
+class ResidentBatches:
+    """Lever `resident_batches`: every client's batches as rows of one resident tensor. `x`, `y`
+    hold all clients' split data concatenated on the device (training.ResidentSplits); `rows[s, i]`
+    are the rows of client i's batch at step s (padding: row 0 at loss weight 0). The whole fit's
+    rows are laid out on the host from the order the sequential fit draws (training.batch_rows) and
+    sent in one transfer, so a step is one gather instead of a staged copy per client."""
+
+    def __init__(self, x: torch.Tensor, y: torch.Tensor, rows_per_client: list[list[torch.Tensor]], device: torch.device):
+        self.x, self.y = x, y
+        self.steps = [len(r) for r in rows_per_client]
+        self.seen = [sum(len(r) for r in rs) for rs in rows_per_client]
+        width = max((len(r) for rs in rows_per_client for r in rs), default=0)
+        k, total_steps = len(rows_per_client), max(self.steps, default=0)
+        rows = torch.zeros((total_steps, k, width), dtype=torch.long)
+        weights = torch.zeros((total_steps, k, width), dtype=x.dtype)
+        for i, rs in enumerate(rows_per_client):
+            full = [s for s, r in enumerate(rs) if len(r) == width]  # one stacked copy for all of them
+            if full:
+                rows[full, i] = torch.stack([rs[s] for s in full])
+                weights[full, i] = 1
+            for s, r in enumerate(rs):  # the short last batch of each epoch
+                if len(r) < width:
+                    rows[s, i, : len(r)] = r
+                    weights[s, i, : len(r)] = 1
+        self.rows, self.weights = to_device(rows, device), to_device(weights, device)
+
+    def blocks(self) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+        for s in range(len(self.rows)):
+            yield self.x[self.rows[s]], self.y[self.rows[s]], self.weights[s]
+
+
+def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """`t` (host) on `device` without the host waiting: a pinned copy is asynchronous, a pageable one
+    synchronises the stream (no-op on the CPU)."""
+    return t.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else t
+
+
 def fit_many(
     model: nn.Module,
     device: torch.device,
     clients: list[Client],
     starts: list[Params],
-    draw: Callable[[Client], list[tuple[torch.Tensor, torch.Tensor]]],
+    plan: StagedBatches | ResidentBatches,
     optimizer: Callable[[list[torch.Tensor]], torch.optim.Optimizer],
     *,
     trainable: Iterable[str] = ("",),
-    split: str = "train",
     before_step: Callable[[Any], None] | None = None,
+    levers: Iterable[str] = (),
 ) -> list[ClientFit]:
     """`fit` (engine/training.py) for every client of `clients` from its own start (`starts[i]`, a
-    full state dict), run as one vectorized computation on `model`'s structure. `draw(client)`: the
-    batches the sequential fit would draw for the client (training.py owns the streams);
-    `optimizer(params)`: the fit's fresh optimizer over the stacked trainable tensors."""
+    full state dict), run as one vectorized computation on `model`'s structure. `plan`: the batches
+    the sequential fits would draw (training.py owns the streams); `optimizer(params)`: the fit's
+    fresh optimizer over the stacked trainable tensors. `levers` (training.levers): `fused_step`
+    reads each client's parameters off by a mask at its last step (one fixed step body); `cuda_graph`
+    replays that body as a CUDA graph (`_replayed_steps`); `device_losses` returns the losses as
+    device tensors (loop.train_round reads a round's losses at once)."""
     from torch.func import functional_call, vmap
 
+    levers = frozenset(levers)
     trainable = tuple(trainable)
     k = len(clients)
     names = [n for n, _ in model.named_parameters()]
@@ -113,53 +190,106 @@ def fit_many(
         t = torch.stack([s[n] if n in s else state[n] for s in starts]).detach().clone()
         stacked[n] = t.requires_grad_(n in grad_names)
     opt = optimizer([stacked[n] for n in grad_names])
-
-    per_client = [draw(c) for c in clients]
-    steps = [len(b) for b in per_client]
-    total_steps = max(steps, default=0)
-    sample = getattr(clients[0], split).x
-    width = max((len(y) for b in per_client for _, y in b), default=0)
+    steps = plan.steps
 
     def loss_of(params: Params, x: torch.Tensor, y: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         logits = functional_call(model, params, (x,))
         return (F.cross_entropy(logits, y, reduction="none") * w).sum() / w.sum().clamp(min=1)
 
     batched_loss = vmap(loss_of)
-    results: list[ClientFit | None] = [None] * k
-    finished: list[torch.Tensor | None] = [None] * k  # loss sums, read back once after the loop
-    total = torch.zeros(k, device=device)
-    seen = [0] * k
+    total = torch.zeros(k, device=device)  # each client's summed sample losses
     model.train()
+    # What each client ends with: its parameters and loss sum right after its last step (a
+    # finished client gets zero gradients, but momentum or weight decay would still move it).
+    final: Params = {n: stacked[n].detach().clone() for n in state}
+    final_total = total.clone()
+    masked = "fused_step" in levers
+    ends = to_device(_ends(steps), device) if masked else None
 
-    def finish(i: int) -> None:
-        finished[i] = total[i].clone()
-        results[i] = ClientFit({n: stacked[n][i].detach().clone() for n in state}, 0.0, steps[i])
-
-    for i in range(k):
-        if steps[i] == 0:
-            finish(i)
-    # The padded batches of `chunk` steps at a time, staged outside the step loop (a stacked
-    # copy per client and chunk), within a bounded memory budget.
-    per_step = k * max(width, 1) * max(sample[0].numel() if len(sample) else 1, 1)
-    chunk = max(1, _STAGING_ELEMENTS // per_step)
-    for c0 in range(0, total_steps, chunk):
-        c1 = min(total_steps, c0 + chunk)
-        x, y, w = _stage(per_client, c0, c1, width, sample, device)
-        for s in range(c0, c1):
-            losses = batched_loss(stacked, x[s - c0], y[s - c0], w[s - c0])
+    def step(x: torch.Tensor, y: torch.Tensor, w: torch.Tensor, end: torch.Tensor | None, zero: bool = True) -> None:
+        losses = batched_loss(stacked, x, y, w)
+        if zero:
             opt.zero_grad(set_to_none=True)
-            losses.sum().backward()  # client i's loss depends on its own slice only: per-client gradients
-            if before_step is not None:
-                before_step(_StackedView({n: stacked[n] for n in names}))
-            opt.step()
-            total += losses.detach() * w[s - c0].sum(1)
-            for i in range(k):
-                if steps[i] == s + 1:
-                    seen[i] = sum(len(yb) for _, yb in per_client[i])
-                    finish(i)
-    for i, r in enumerate(results):
-        r.loss = float(finished[i]) / max(seen[i], 1)  # type: ignore[union-attr, arg-type]
-    return results  # type: ignore[return-value]
+        losses.sum().backward()  # client i's loss depends on its own slice only: per-client gradients
+        if before_step is not None:
+            before_step(_StackedView({n: stacked[n] for n in names}))
+        opt.step()
+        total.add_(losses.detach() * w.sum(1))
+        if end is not None:  # fused_step: the finished clients masked in, one fixed body for every step
+            for n, t in final.items():
+                t.copy_(torch.where(end.view((k,) + (1,) * (t.dim() - 1)), stacked[n].detach(), t))
+            final_total.copy_(torch.where(end, total, final_total))
+
+    if "cuda_graph" in levers:
+        _replayed_steps(plan, ends, step, opt, device)
+    else:
+        for s, (x, y, w) in enumerate(plan.blocks()):
+            step(x, y, w, None if ends is None else ends[s])
+            if ends is None:
+                done = [i for i in range(k) if steps[i] == s + 1]
+                if done:
+                    at = torch.tensor(done, device=device)
+                    for n, t in final.items():
+                        t[at] = stacked[n].detach()[at]
+                    final_total[at] = total[at]
+    if "device_losses" in levers:  # float64 on the device: the same rounding as the host's float division
+        losses = final_total.double() / to_device(torch.tensor([max(n, 1) for n in plan.seen], dtype=torch.float64), device)
+        loss_of_client = list(losses.unbind())
+    else:
+        loss_of_client = [total_i / max(n, 1) for total_i, n in zip(final_total.tolist(), plan.seen)]
+    return [ClientFit({n: final[n][i].clone() for n in state}, loss_of_client[i], steps[i]) for i in range(k)]
+
+
+def _ends(steps: list[int]) -> torch.Tensor:
+    """(total steps, clients) mask: True at each client's last step."""
+    ends = torch.zeros((max(steps, default=0), len(steps)), dtype=torch.bool)
+    for i, n in enumerate(steps):
+        if n:
+            ends[n - 1, i] = True
+    return ends
+
+
+# Eager steps before a capture: they create the optimizer's state (momentum, Adam's moments) that
+# the captured step then updates in place, and warm the kernels up on a side stream (torch.cuda.graphs).
+_WARMUP_STEPS = 3
+
+
+def _replayed_steps(plan: ResidentBatches, ends: torch.Tensor, step: Callable[..., None], opt: torch.optim.Optimizer,
+                    device: torch.device) -> None:
+    """Lever `cuda_graph`: every step is one fixed body over static buffers (the step's batch rows,
+    loss weights and finished-client mask, copied in before it runs). On CUDA the body is captured
+    once per fit after the warm-up steps and replayed for the rest: one launch a step instead of
+    every kernel's. Elsewhere the same body runs eagerly, so the CPU checks everything but the capture."""
+    rows, weights, end = plan.rows[0].clone(), plan.weights[0].clone(), ends[0].clone()
+
+    def load(s: int) -> None:
+        rows.copy_(plan.rows[s])
+        weights.copy_(plan.weights[s])
+        end.copy_(ends[s])
+
+    def body(zero: bool) -> None:
+        step(plan.x[rows], plan.y[rows], weights, end, zero=zero)
+
+    total_steps = len(plan.rows)
+    if device.type != "cuda" or total_steps <= _WARMUP_STEPS:
+        for s in range(total_steps):
+            load(s)
+            body(zero=True)
+        return
+    side = torch.cuda.Stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):
+        for s in range(_WARMUP_STEPS):
+            load(s)
+            body(zero=True)
+    torch.cuda.current_stream(device).wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    opt.zero_grad(set_to_none=True)  # the captured backward writes fresh gradients into the graph's pool
+    with torch.cuda.graph(graph):
+        body(zero=False)
+    for s in range(_WARMUP_STEPS, total_steps):
+        load(s)
+        graph.replay()
 
 
 # Elements of input staged for the padded batches at once (512 MiB of float32).
