@@ -156,6 +156,7 @@ def test_levers_reproduce_their_metrics_exactly(tiny_partition, make_cell):
     (["cuda_graph", "fused_step"], {"vectorize": True}, "cuda_graph together with resident_batches"),
     (["fused_step"], {"vectorize": True, "optimizer": {"name": "lars", "lr": 0.1}}, "'lars', which has no fused step"),
     (["warp_speed"], {"vectorize": True}, "'warp_speed'.*batched_eval"),
+    (["resident_batches"], {"vectorize": True, "augment": "crop_flip"}, "resident_batches only with 'training.augment: none'"),
 ])
 def test_levers_where_they_cannot_act_are_config_errors(levers, training_block, message):
     """Before any job runs: the key, the value and what is allowed."""

@@ -317,7 +317,7 @@ FUSED_OPTIMIZERS = ("sgd", "adam", "adamw")
 def _check_levers(where: str, t: dict) -> None:
     """`training.levers` only where each lever can act: the vectorized ones need `vectorize: true`,
     the CUDA graph needs the resident batches and the fused step (its replayed step has a fixed
-    shape), the fused step a fused optimizer."""
+    shape), the resident batches no augmentation, the fused step a fused optimizer."""
     levers = t.get("levers") or []
     inside = [lever for lever in levers if lever in VECTORIZED_LEVERS]
     if inside and not t.get("vectorize"):
@@ -326,6 +326,10 @@ def _check_levers(where: str, t: dict) -> None:
     if "cuda_graph" in levers and not {"resident_batches", "fused_step"} <= set(levers):
         raise ConfigError(f"config key '{where}.levers' has value {levers}; allowed: cuda_graph together with "
                           "resident_batches and fused_step (the replayed step gathers its batches and masks finished clients)")
+    if "resident_batches" in levers and t["augment"] != "none":
+        raise ConfigError(f"config key '{where}.levers' has value {levers}; allowed: resident_batches only with "
+                          f"'{where}.augment: none' (it is {t['augment']!r}: the augmentation draws from each batch's "
+                          "stream between batches, so the round's batch indices cannot be drawn at once)")
     name = t["optimizer"]["name"]
     if "fused_step" in levers and name not in FUSED_OPTIMIZERS:
         raise ConfigError(f"config key '{where}.levers' has value {levers}; allowed: fused_step only with "

@@ -270,8 +270,8 @@ def _vectorized_fits(engine, clients: list[Client], starts: list[Params], *, epo
                      split: str = "train", **options: Any) -> list[ClientFit]:
     """`fit_many` as one vectorized computation (vectorized.fit_many), each client drawing the
     batches its sequential fit would draw, at its position in its streams of this round; with the
-    lever `resident_batches` (and no augmentation, which draws from the same stream between
-    batches) only their indices, gathered from the resident data (`ResidentSplits`)."""
+    lever `resident_batches` (the config allows it only without augmentation, which draws from the
+    same stream between batches) only their indices, gathered from the resident data (`ResidentSplits`)."""
     levers = frozenset(engine.training.get("levers") or ())
     order = dict(epochs=epochs, batch_size=batch_size, split=split, max_steps=max_steps)
 
@@ -281,7 +281,7 @@ def _vectorized_fits(engine, clients: list[Client], starts: list[Params], *, epo
         engine.streams.suspend(client.id)
         return out
 
-    if "resident_batches" in levers and engine.augment is None:
+    if "resident_batches" in levers:
         x, y, first = engine.resident.of(split)
         plan = vectorized.ResidentBatches(
             x, y, [[first[c.id] + r for r in drawn(c, batch_rows)] for c in clients], engine.device)
