@@ -29,13 +29,15 @@ WORKFLOW_STAGES = ("workflow_test", "workflow_default")
 
 
 def read_stages(path: Path) -> dict[str, dict]:
+    """The stages' table: name, exit status, seconds and, for a stage skipped on purpose, why
+    (benchmarks/gpu_launch.sh: 'no .pfllib')."""
     stages = {}
     if path.exists():
         for line in path.read_text().splitlines():
-            name, rc, seconds = line.split("\t")
+            name, rc, seconds, *why = line.split("\t")
             rc = int(rc)
             status = {0: "ok", 124: "timeout", 137: "timeout", -1: "skipped"}.get(rc, "failed")
-            stages[name] = {"status": status, "rc": rc, "seconds": float(seconds)}
+            stages[name] = {"status": status, "rc": rc, "seconds": float(seconds), **({"why": why[0]} if why else {})}
     return stages
 
 
@@ -116,15 +118,20 @@ def finite_positive(v) -> bool:
     return isinstance(v, (int, float)) and math.isfinite(v) and v > 0
 
 
+def cuda_tests_check(mode: str, tests: dict | None) -> tuple[str, bool]:
+    """The check of the cuda tests' JUnit counts: on a GPU every test ran and passed; without one
+    every test is collected and skipped, and none errors."""
+    passed = bool(tests) and tests["tests"] > 0 and not tests["failures"] and not tests["errors"]
+    if mode == "gpu":
+        return "cuda tests ran (none skipped) and none failed", passed and tests["skipped"] == 0
+    return "cuda tests collected, none failed", passed
+
+
 def checks(mode: str, stages: dict, tests: dict | None, workflows: dict, throughput: dict | None, clients: int) -> dict:
     device = "cuda" if mode == "gpu" else "cpu"
     out = {"every stage ran and exited 0": bool(stages) and all(s["status"] in ("ok", "skipped") for s in stages.values())}
-    if mode == "gpu":
-        out["cuda tests ran (none skipped) and none failed"] = bool(tests) and tests["tests"] > 0 and tests["skipped"] == 0 \
-            and not tests["failures"] and not tests["errors"]
-    else:  # no GPU: every cuda test is collected and skipped
-        out["cuda tests collected, none failed"] = bool(tests) and tests["tests"] > 0 and not tests["failures"] \
-            and not tests["errors"]
+    name, good = cuda_tests_check(mode, tests)
+    out[name] = good
     for name, stage in stages.items():
         if name not in WORKFLOW_STAGES or stage["status"] == "skipped":
             continue

@@ -22,15 +22,9 @@ REPO=$PWD
 
 GPU_CHECK_START=$(date +%s)
 export GPU_CHECK_START  # the summary's wall time
-MODE=${GPU_CHECK_MODE:-gpu}
-for arg in "$@"; do
-  case $arg in
-    --cpu) MODE=cpu ;;
-    --gpu) MODE=gpu ;;
-    *) echo "gpu_check.sh: unknown argument '$arg'; allowed: --cpu, --gpu" >&2; exit 2 ;;
-  esac
-done
-case $MODE in gpu | cpu) ;; *) echo "gpu_check.sh: GPU_CHECK_MODE has value '$MODE'; allowed: gpu, cpu" >&2; exit 2 ;; esac
+# shellcheck source=benchmarks/gpu_stage.sh
+source "$REPO/benchmarks/gpu_stage.sh"  # device_mode, stage
+device_mode gpu_check.sh GPU_CHECK_MODE "$@"
 OUT=${OUT:?gpu_check.sh: set OUT to the folder for the summary and logs}
 WORK=${GPU_CHECK_WORK:-/tmp/gpu_check}
 PYTHON=${PYTHON:-python3}
@@ -59,40 +53,13 @@ else
   THREADS=(--threads 1)
 fi
 
-# -- 1. environment ------------------------------------------------------------------------------
-export PYTHONPATH=$REPO/src${PYTHONPATH:+:$PYTHONPATH}
-if [ "$MODE" = gpu ] && compgen -G "$REPO/.whl/*.whl" >/dev/null; then
-  "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$REPO"/.whl/*.whl
-  export PYTHONPATH=$REPO/src:/tmp/site
-elif [ "$MODE" = gpu ]; then
-  echo "[gpu_check] no wheels in .whl/: Snakemake, kornia, lightly, jsonschema must be installed (docs/gpu.md: carry .whl)" >&2
-fi
-PYTEST_ARGS=(-v --durations=20)
-if "$PYTHON" -c 'import pytest_timeout' 2>/dev/null; then
-  PYTEST_ARGS+=(--timeout=150)  # a hung test (a CUDA graph that never returns) fails alone, the stage goes on
-fi
-if [ -d "$REPO/.fmnist" ]; then
-  export FEDREPRO_FMNIST_DEBIAN_DIR=$REPO/.fmnist  # the four .gz files of Debian's dataset-fashion-mnist
-fi
-# The workflow's jobs call `fedrepro`: the package from src/ (not installed on the device).
-printf '#!/bin/sh\nexec "%s" -m fedrepro "$@"\n' "$(command -v "$PYTHON")" >"$WORK/bin/fedrepro"
-chmod +x "$WORK/bin/fedrepro"
-export PATH=$WORK/bin:$PATH
-export CUBLAS_WORKSPACE_CONFIG=:4096:8 PYTHONUNBUFFERED=1
-{
-  date -u
-  echo "mode $MODE, slots $SLOTS, cores $CORES"
-  command -v nvidia-smi >/dev/null && nvidia-smi || echo "no nvidia-smi"
-  "$PYTHON" -c 'import sys, torch, snakemake, jsonschema, kornia, lightly, timm, fedrepro.methods as m
-print(sys.version); print("torch", torch.__version__, "cuda", torch.version.cuda, "available", torch.cuda.is_available())
-print("snakemake", snakemake.__version__, "kornia", kornia.__version__, "lightly", lightly.__version__, "timm", timm.__version__)
-print(len(m.METHODS.names()), "methods")'
-} >"$WORK/logs/environment.log" 2>&1 || echo "[gpu_check] environment check failed: see logs/environment.log" >&2
+# -- 1. environment (benchmarks/gpu_env.sh) -----------------------------------------------------
+# shellcheck source=benchmarks/gpu_env.sh
+source "$REPO/benchmarks/gpu_env.sh"
+echo "slots $SLOTS, cores $CORES" >>"$WORK/logs/environment.log"
 
 # stage NAME SECONDS CMD... (benchmarks/gpu_stage.sh): CMD with a time limit, logs/NAME.log, stages.tsv
 STAGE_DIR=$WORK STAGE_TAG=gpu_check
-# shellcheck source=benchmarks/gpu_stage.sh
-source "$REPO/benchmarks/gpu_stage.sh"
 
 # Snakemake in a directory of its own per experiment, local profile, gpu_slots > 1: cells side by
 # side on the device. --scheduler greedy: the ILP scheduler's solver (pulp) is not carried.

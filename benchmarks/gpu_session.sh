@@ -27,9 +27,6 @@ echo "[gpu_session] gpu_check.sh exit $check_rc after $(($(date +%s) - START)) s
 
 export PYTHONPATH=$REPO/src:/tmp/site CUBLAS_WORKSPACE_CONFIG=:4096:8 PYTHONUNBUFFERED=1
 [ -d "$REPO/.fmnist" ] && export FEDREPRO_FMNIST_DEBIAN_DIR=$REPO/.fmnist
-if compgen -G "$REPO/.pfllib/whl/*.whl" >/dev/null; then  # PFLlib's imports: cvxpy (serverpac), calmsize (mem_utils)
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site "$REPO"/.pfllib/whl/*.whl
-fi
 W=/tmp/gpu30
 LOGS=$W/logs
 mkdir -p "$LOGS"
@@ -46,11 +43,9 @@ run() {
 
 run throughput_pfllib 120 python3 benchmarks/gpu_throughput.py --clients 20 --batch 10 64 --rounds 1 --fraction 0.25 \
   --paths sequential vectorized compiled --work "$W" --json "$OUT/throughput_pfllib.json"
-if ! python3 -c 'import cvxpy' 2>"$LOGS/cvxpy.log"; then
-  # only PFLlib's serverpac.py (FedPAC, not run here) uses cvxpy; main.py imports it for every algorithm
-  mkdir -p /tmp/stub/cvxpy && : >/tmp/stub/cvxpy/__init__.py && export PYTHONPATH=$PYTHONPATH:/tmp/stub
-  echo "[gpu_session] cvxpy does not import (logs/cvxpy.log): an empty stub module stands in for it"
-fi
+# shellcheck source=benchmarks/gpu_pfllib_env.sh
+PYTHON=python3
+source "$REPO/benchmarks/gpu_pfllib_env.sh"
 PARITY=(python3 benchmarks/parity_pfllib.py --pfllib "$REPO/.pfllib/PFLlib" --pfllib-python python3 --work "$W"
   --device cuda --seeds 0 --rounds 2 --fraction 1)
 mkdir -p "$W/tables"

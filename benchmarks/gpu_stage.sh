@@ -1,4 +1,8 @@
-# Sourced by benchmarks/gpu_check.sh and benchmarks/gpu_session.sh: one time-limited stage.
+# Sourced by benchmarks/gpu_check.sh, gpu_launch.sh and gpu_session.sh: the mode of a device
+# script, and one time-limited stage.
+#   device_mode SCRIPT VAR ARGS...
+# sets MODE (gpu | cpu) from the variable named VAR (default gpu) and the arguments --cpu / --gpu;
+# anything else ends SCRIPT with a message naming the value and what is allowed.
 #   stage NAME SECONDS CMD...
 # runs CMD with a time limit (0 = skipped), lowered to what is left before STAGE_DEADLINE (epoch
 # seconds, optional; a stage left with 5 s or less is skipped), its output in
@@ -23,4 +27,18 @@ stage() {
   ms=$((($(date +%s%N) - t0) / 1000000))
   printf '%s\t%s\t%d.%03d\n' "$name" "$rc" $((ms / 1000)) $((ms % 1000)) >>"$STAGE_DIR/stages.tsv"
   echo "[$STAGE_TAG] $name: exit $rc"
+}
+
+device_mode() {
+  local script=$1 var=$2 arg
+  shift 2
+  MODE=${!var:-gpu}
+  for arg in "$@"; do
+    case $arg in
+      --cpu) MODE=cpu ;;
+      --gpu) MODE=gpu ;;
+      *) echo "$script: unknown argument '$arg'; allowed: --cpu, --gpu" >&2; exit 2 ;;
+    esac
+  done
+  case $MODE in gpu | cpu) ;; *) echo "$script: $var has value '$MODE'; allowed: gpu, cpu" >&2; exit 2 ;; esac
 }

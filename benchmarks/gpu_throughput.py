@@ -7,6 +7,8 @@ and (--split) where each method's round goes.
     .venv/bin/python benchmarks/gpu_throughput.py --paths sequential vectorized compiled --clients 20 100 --batch 10 64
     .venv/bin/python benchmarks/gpu_throughput.py --split fedavg ditto fedper apfl fedproto --clients 20 --batch 10 \
         --paths nchw sequential
+    .venv/bin/python benchmarks/gpu_throughput.py --paths cumulative --methods fedavg fedper --clients 20 --batch 10 \
+        --eval-every 1 --rounds 1         # issue 36: each lever added in turn (benchmarks/gpu_launch.sh)
 
 Data and protocol: Fashion-MNIST, PFLlib's Dir(0.1) partition (the partition of
 benchmarks/parity_pfllib.py: `dirichlet`, self-balancing, min_partition_size 40, seed 1,
@@ -23,8 +25,15 @@ Rows, all in one process on the same device and client tensors:
   torch.compile of the step, CUDA graphs on a GPU), `channels_last`
   (`training.channels_last: true`: NHWC convolution weights), `nchw` (`training.channels_last:
   false`: the default layout, which was the CPU default before "auto"; every other path uses
-  the default "auto" = NHWC on the CPU, the default layout on a GPU). A warm-up round (it compiles
-  where compiling) is run first and not timed, for every path.
+  the default "auto" = NHWC on the CPU, the default layout on a GPU). A path with levers added,
+  `vectorized+resident_batches+fused_step`, sets `training.levers` (issue 36, docs/throughput.md);
+  `--paths cumulative` is sequential, vectorized, then vectorized with resident_batches,
+  fused_step, cuda_graph, device_losses and batched_eval added one at a time. A warm-up round
+  (it compiles and captures where it does; `warmup_s`) is run first and not timed, for every path.
+  `--methods` (default fedavg) runs each path for each method, at its hparams of PFLlib's protocol.
+  Each row records its `levers`, `s_per_round` (training and evaluation per timed round: PFLlib's
+  per-round Budget with `--eval-every 1`) and the final test accuracies `global_acc` and
+  `personal_acc` (weighted means), which compare across the paths of a method.
   peak_round_mb / before_round_mb: on CUDA, the peak memory allocated during the warm-up round
   and what was allocated before it (client data, model, server state); NaN on the CPU.
 * centralized: a plain loop over the pooled train data of all clients, same model, batch
@@ -70,9 +79,9 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from parity_pfllib import FEDREPRO_TRAINING, partition_config  # noqa: E402  (the same partition and protocol)
+from parity_pfllib import FEDREPRO_TRAINING, ROWS, partition_config  # noqa: E402  (the same partition and protocol)
 
-from fedrepro.config import resolve_experiment  # noqa: E402
+from fedrepro.config import VECTORIZED_LEVERS, resolve_experiment  # noqa: E402
 from fedrepro.data.datasets import load_dataset, prepare_dataset  # noqa: E402
 from fedrepro.data.shards import load_partition, write_partition  # noqa: E402
 from fedrepro.engine import beyond, embedding, evaluation, loop, training  # noqa: E402
@@ -81,13 +90,39 @@ from fedrepro.engine.engine import Engine, use_layout  # noqa: E402
 from fedrepro.engine.run import pick_device, set_determinism  # noqa: E402
 from fedrepro.io import derive_seed, write_json_atomic  # noqa: E402
 from fedrepro.models import build_model  # noqa: E402
+from fedrepro.registry import ConfigError  # noqa: E402
 
 PATHS = {"sequential": {}, "vectorized": {"vectorize": True}, "compiled": {"compile": True},
          "channels_last": {"channels_last": True}, "nchw": {"channels_last": False}}
+#: issue 36's levers (`training.levers`) in the order `--paths cumulative` adds them, each on top of
+#: the ones before (cuda_graph needs resident_batches and fused_step).
+LEVER_ORDER = (*VECTORIZED_LEVERS, "batched_eval")
 #: The model of each dataset the benchmark runs: PFLlib's CNN on Fashion-MNIST; on digits (8x8
 #: images, bundled with scikit-learn: the quick CPU mode of benchmarks/gpu_check.sh) an MLP.
 MODELS = {"fmnist": {"name": "fedavg_cnn"}, "digits": {"name": "mlp", "params": {"hidden": [64]}}}
 SYNC_EVENTS = ("cudaDeviceSynchronize", "cudaStreamSynchronize", "cudaMemcpy", "cudaEventSynchronize")
+
+
+def path_training(path: str) -> dict:
+    """The training keys of an engine path: a name of PATHS, optionally with levers added
+    (`vectorized+resident_batches+fused_step`: `training.levers` on top of that path)."""
+    base, *levers = path.split("+")
+    if base not in PATHS:
+        raise ValueError(f"path {path!r}: {base!r} is not one of {list(PATHS)}")
+    return {**PATHS[base], **({"levers": levers} if levers else {})}
+
+
+def cumulative_paths() -> list[str]:
+    """`--paths cumulative`: sequential, vectorized, then vectorized with each lever of LEVER_ORDER
+    added to the ones before it."""
+    return ["sequential", "vectorized"] + ["+".join(["vectorized", *LEVER_ORDER[:i + 1]]) for i in range(len(LEVER_ORDER))]
+
+
+def parity_run(method: str) -> tuple[dict, dict]:
+    """(hparams, training) of `method` at PFLlib's protocol: its first row in parity_pfllib.ROWS
+    (Ditto's lam and personal epochs as PFLlib's mu and plocal_epochs), else the defaults."""
+    run = next((r.fedrepro for r in ROWS if r.fedrepro.method == method), None)
+    return (dict(run.hparams), dict(run.training)) if run else ({}, {})
 
 
 def sync(device: torch.device) -> None:
@@ -166,27 +201,55 @@ def profile_split(fn, device: torch.device) -> dict[str, float]:
     return {"wall_s": wall, "kernels_s": kernels, "syncs_s": syncs, "host_s": host}
 
 
-def engine_row(args, manifest, shards, device, clients: int, batch: int, path: str) -> dict:
-    cell = experiment(clients, args.fraction, batch, args.rounds, dataset=args.dataset, **PATHS[path])["cells"][0]
+def engine_cell(args, clients: int, batch: int, path: str, method: str) -> dict:
+    hparams, training = parity_run(method)
+    every = {"eval_every": args.eval_every} if args.eval_every else {}
+    return experiment(clients, args.fraction, batch, args.rounds, method=method, hparams=hparams, dataset=args.dataset,
+                      **training, **every, **path_training(path))["cells"][0]
+
+
+def engine_row(args, manifest, shards, device, clients: int, batch: int, path: str, method: str = "fedavg") -> dict:
+    cell = engine_cell(args, clients, batch, path, method)
     data = load_clients(manifest, shards, device)
     n_train = sum(c.num_train - (c.num_train % batch if c.num_train >= batch else 0) for c in data)  # drop_last
     engine = Engine(cell, manifest, data, device, progress=False)
     engine.method.setup()
     engine.round = 1
+    initial = engine.get_params()
     warm = lambda: engine.method.aggregate(loop.train_round(engine, 1)[0])
-    memory = round_memory(warm, device)  # the warm-up round (compilation, allocator): not timed
-    split = profile_split(warm, device)
-    # The timed run reuses the warmed-up engine (its compiled model object, allocator): FedAvg
-    # keeps no client state, and run() restarts the server from the model's current parameters.
+    t0 = time.perf_counter()
+    memory = round_memory(warm, device)  # the warm-up round (compilation, capture, allocator): not timed
+    warmup_s = time.perf_counter() - t0
+    # The timed run reuses the warmed-up engine (its compiled model object, allocator). run()
+    # restarts the server from the model's parameters, which the sequential path leaves at its last
+    # client's: they go back to the seeded initialisation, so every path starts its timed rounds
+    # from the same state (client state, FedPer's heads or Ditto's personal models, carries over
+    # from the warm-up round alike) and the paths' final accuracies compare.
+    engine.set_params(initial)
     with Busy(device) as busy:
-        res = engine.run()["resources"]
+        metrics = engine.run()
     sync(device)
+    # one more round, profiled, after the timed run: the run's accuracies stay those of its own rounds
+    split = profile_split(warm, device) if profiled(args, path) else NO_SPLIT
+    res, summary = metrics["resources"], metrics.get("summary") or {}
     train_s = res["train_time_s"]
     busy_frac = busy.fraction if not math.isnan(busy.fraction) else (
         split["kernels_s"] / split["wall_s"] if device.type == "cuda" else math.nan)
-    return {"row": f"engine/{path}", "clients": clients, "batch": batch, "rounds_per_s": args.rounds / train_s,
-            "samples_per_s": n_train * args.rounds / train_s, "eval_s": res["eval_time_s"], "busy": busy_frac,
-            "vectorized": engine.vectorized, **memory, **split}
+    return {"row": f"engine/{path}", "method": method, "levers": list(cell["training"].get("levers") or []),
+            "clients": clients, "batch": batch, "rounds_per_s": args.rounds / train_s,
+            "samples_per_s": n_train * args.rounds / train_s, "eval_s": res["eval_time_s"],
+            # a round with its evaluation (PFLlib's Budget): evaluation every round with --eval-every 1
+            "s_per_round": (train_s + res["eval_time_s"]) / args.rounds, "warmup_s": warmup_s, "busy": busy_frac,
+            "vectorized": engine.vectorized, **memory, **split,
+            **{f"{kind}_acc": (summary.get(f"{kind}_acc") or {}).get("weighted_mean") for kind in ("global", "personal")}}
+
+
+#: The split of a row that is not profiled (--profile names other rows).
+NO_SPLIT = {"wall_s": math.nan, "kernels_s": math.nan, "syncs_s": math.nan, "host_s": math.nan}
+
+
+def profiled(args, row: str) -> bool:
+    return args.profile is None or row in args.profile
 
 
 def round_memory(run_round, device: torch.device) -> dict[str, float]:
@@ -226,7 +289,7 @@ def central_row(args, manifest, shards, device, clients: int, batch: int) -> dic
             opt.step()
 
     epoch()
-    split = profile_split(epoch, device)
+    split = profile_split(epoch, device) if profiled(args, "centralized") else NO_SPLIT
     sync(device)
     t0 = time.perf_counter()
     with Busy(device) as busy:
@@ -305,7 +368,7 @@ def instrument(device: torch.device):
 
 def split_row(args, manifest, shards, device, clients: int, batch: int, method: str, path: str) -> dict:
     cell = experiment(clients, args.fraction, batch, args.rounds, method=method, eval_every=1, dataset=args.dataset,
-                      **PATHS[path])["cells"][0]
+                      **path_training(path))["cells"][0]
     engine = Engine(cell, manifest, load_clients(manifest, shards, device), device, progress=False)
     with instrument(device) as times:
         t0 = time.perf_counter()
@@ -320,6 +383,8 @@ def split_row(args, manifest, shards, device, clients: int, batch: int, method: 
 
 def table(rows: list[dict], keys: list[str]) -> str:
     def cell(v):
+        if v is None:
+            return ""
         if isinstance(v, float):
             return "n/a" if math.isnan(v) else (f"{v:,.0f}" if abs(v) >= 100 else f"{v:.3g}")
         return str(v)
@@ -335,8 +400,19 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--batch", type=int, nargs="+", default=[10, 64])
     ap.add_argument("--rounds", type=int, default=3, help="timed rounds per row (after one warm-up round)")
     ap.add_argument("--fraction", type=float, default=1.0, help="every client keeps this fraction of its data")
-    ap.add_argument("--paths", nargs="+", default=None, choices=list(PATHS),
-                    help="engine paths (default: sequential and vectorized; compiled on CUDA too)")
+    ap.add_argument("--paths", nargs="+", default=None, metavar="PATH",
+                    help=f"engine paths: {', '.join(PATHS)}, each optionally with levers added ('vectorized+resident_batches"
+                         "+fused_step'), or 'cumulative' (sequential, vectorized, then each lever of "
+                         f"{', '.join(LEVER_ORDER)} added to the ones before); default: sequential and vectorized, compiled on CUDA too")
+    ap.add_argument("--methods", nargs="+", default=["fedavg"], metavar="METHOD",
+                    help="methods of the engine rows (default fedavg), with their hparams at PFLlib's protocol "
+                         "(benchmarks/parity_pfllib.py's rows)")
+    ap.add_argument("--eval-every", type=int, default=None,
+                    help="evaluate every N rounds in the timed rounds (1: PFLlib's protocol; default: after the last round only)")
+    ap.add_argument("--profile", nargs="+", default=None, metavar="ROW",
+                    help="the rows profiled for the time split, engine paths or 'centralized' (each costs one more "
+                         "round or epoch); default: every row")
+    ap.add_argument("--no-central", action="store_true", help="no centralized row (no ratio_to_central)")
     ap.add_argument("--split", nargs="+", default=None, metavar="METHOD", help="per-method time split instead")
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--work", type=Path, default=Path("/tmp/fedrepro-throughput"))
@@ -349,7 +425,14 @@ def main(argv: list[str] | None = None) -> None:
         torch.set_num_threads(args.threads)
     set_determinism(True)
     device = pick_device(args.device)
-    paths = args.paths or (["sequential", "vectorized"] + (["compiled"] if device.type == "cuda" else []))
+    paths = [p for given in args.paths or (["sequential", "vectorized"] + (["compiled"] if device.type == "cuda" else []))
+             for p in (cumulative_paths() if given == "cumulative" else [given])]
+    for method in args.methods:  # a bad path or lever stops here, before any row runs
+        for path in paths:
+            try:
+                engine_cell(args, args.clients[0], args.batch[0], path, method)
+            except (ValueError, ConfigError) as exc:
+                ap.error(f"--paths {path} --methods {method}: {exc}")
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
     print(f"device {device} ({name}), torch {torch.__version__}, threads {torch.get_num_threads()}, "
           f"fraction {args.fraction}, {args.rounds} rounds per row", file=sys.stderr)
@@ -368,21 +451,24 @@ def main(argv: list[str] | None = None) -> None:
                         rows.append(split_row(args, manifest, shards, device, clients, batch, method, path))
                     print(f"[throughput] {rows[-1]['row']} clients {clients} batch {batch} done", file=sys.stderr)
                 continue
-            central = central_row(args, manifest, shards, device, clients, batch)
-            for path in paths:
-                row = engine_row(args, manifest, shards, device, clients, batch, path)
-                row["ratio_to_central"] = row["samples_per_s"] / central["samples_per_s"]
-                rows.append(row)
-                save(rows + [central])
-                print(f"[throughput] {row['row']} clients {clients} batch {batch}: {row['rounds_per_s']:.3g} rounds/s",
-                      file=sys.stderr)
-            rows.append(central)
+            central = [] if args.no_central else [central_row(args, manifest, shards, device, clients, batch)]
+            for method in args.methods:
+                for path in paths:
+                    row = engine_row(args, manifest, shards, device, clients, batch, path, method)
+                    if central:
+                        row["ratio_to_central"] = row["samples_per_s"] / central[0]["samples_per_s"]
+                    rows.append(row)
+                    save(rows + central)
+                    print(f"[throughput] {method} {row['row']} clients {clients} batch {batch}: {row['s_per_round']:.3g} "
+                          f"s/round, {row['rounds_per_s']:.3g} rounds/s of training", file=sys.stderr)
+            rows += central
     if args.split:
         keys = ["row", "clients", "batch", "s_per_round", "train_s_per_round", "eval_s_per_round"]
         keys += sorted({k for r in rows for k in r if k.endswith(" s")})
     else:
-        keys = ["row", "clients", "batch", "rounds_per_s", "samples_per_s", "ratio_to_central", "busy", "eval_s",
-                "peak_round_mb", "before_round_mb", "wall_s", "kernels_s", "syncs_s", "host_s"]
+        keys = ["row", "method", "clients", "batch", "rounds_per_s", "s_per_round", "samples_per_s", "ratio_to_central",
+                "busy", "eval_s", "warmup_s", "global_acc", "personal_acc", "peak_round_mb", "before_round_mb", "wall_s",
+                "kernels_s", "syncs_s", "host_s"]
     print(f"device: {name}; split columns: one profiled round (wall = kernels + syncs + host on the CPU; on a GPU "
           "kernels run beside the host)")
     print(table(rows, keys))

@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import tarfile
+from pathlib import Path
 
 import pytest
 
@@ -21,10 +22,15 @@ import gpu_wheels  # noqa: E402
 SCRIPT = REPO / "benchmarks" / "gpu_check.sh"
 
 
+def run_device_script(script: Path, prefix: str, tmp_path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    """A device script (benchmarks/gpu_*.sh, its variables named PREFIX_WORK, PREFIX_MODE) into tmp_path/out."""
+    env = {**os.environ, "OUT": str(tmp_path / "out"), f"{prefix}_WORK": str(tmp_path / "work"), "PYTHON": sys.executable}
+    env.pop(f"{prefix}_MODE", None)
+    return subprocess.run(["bash", str(script), *args], env=env, capture_output=True, text=True, timeout=timeout)
+
+
 def run_script(tmp_path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    env = {**os.environ, "OUT": str(tmp_path / "out"), "GPU_CHECK_WORK": str(tmp_path / "work"), "PYTHON": sys.executable}
-    env.pop("GPU_CHECK_MODE", None)
-    return subprocess.run(["bash", str(SCRIPT), *args], env=env, capture_output=True, text=True, timeout=timeout)
+    return run_device_script(SCRIPT, "GPU_CHECK", tmp_path, *args, timeout=timeout)
 
 
 @pytest.mark.slow
