@@ -316,16 +316,16 @@ FUSED_OPTIMIZERS = ("sgd", "adam", "adamw")
 
 def _check_levers(where: str, t: dict) -> None:
     """`training.levers` only where each lever can act: the vectorized ones need `vectorize: true`,
-    the CUDA graph needs the resident batches and the fused step (its replayed step has a fixed
-    shape), the resident batches no augmentation, the fused step a fused optimizer."""
+    the CUDA graph needs the resident batches (its replayed step gathers from static row buffers),
+    the resident batches no augmentation, the fused step a fused optimizer."""
     levers = t.get("levers") or []
     inside = [lever for lever in levers if lever in VECTORIZED_LEVERS]
     if inside and not t.get("vectorize"):
         raise ConfigError(f"config key '{where}.levers' has value {levers}; allowed: {inside} only with "
                           f"'{where}.vectorize: true' (they act inside a vectorized round); else only batched_eval")
-    if "cuda_graph" in levers and not {"resident_batches", "fused_step"} <= set(levers):
+    if "cuda_graph" in levers and "resident_batches" not in levers:
         raise ConfigError(f"config key '{where}.levers' has value {levers}; allowed: cuda_graph together with "
-                          "resident_batches and fused_step (the replayed step gathers its batches and masks finished clients)")
+                          "resident_batches (the replayed step gathers its batches from static row buffers)")
     if "resident_batches" in levers and t["augment"] != "none":
         raise ConfigError(f"config key '{where}.levers' has value {levers}; allowed: resident_batches only with "
                           f"'{where}.augment: none' (it is {t['augment']!r}: the augmentation draws from each batch's "

@@ -17,7 +17,8 @@ sequential `fit` calls, to floating-point tolerance:
 * clients with fewer steps (fewer samples) or a shorter last batch are padded: padded
   samples have loss weight 0, so a client's loss is its mean over its real samples, and a
   client whose steps are over receives zero gradients; its parameters are read off right
-  after its last step (later optimizer updates of a finished client are discarded);
+  after its last step, masked in by `torch.where` at the steps where some client ends (later
+  optimizer updates of a finished client, by momentum or weight decay, are discarded);
 * the optimizer is the configured torch optimizer over the stacked tensors. SGD, Adam and
   AdamW act element-wise and every client is active on a prefix of the steps, so a client's
   update at step s equals its own optimizer's s-th update (Adam's step count included);
@@ -29,13 +30,12 @@ Levers (`training.levers`, issue 36): the launch limit of a GPU round. `resident
 every batch is one gather from all clients' data held once on the device (`ResidentBatches`),
 the round's batch indices laid out on the host and sent at once, instead of a staged copy per
 client (`StagedBatches`, the default). `fused_step`: torch's fused optimizer step over the
-stacked tensors, and each client's result masked in at its last step (`torch.where` in the step)
-instead of copied out client by client, so every step runs the same body. `cuda_graph`: that body
-over static buffers, captured once per fit as a CUDA graph and replayed (`_replayed_steps`; on a
-CPU it runs eagerly). `device_losses`: the fits' losses stay device tensors; the loop reads a
-round's losses at once (loop._settled). Each equals the default path: the gather and the
-device-side loss division bit for bit, the fused step to floating-point tolerance
-(tests/test_levers.py; on a GPU tests/test_cuda.py).
+stacked tensors. `cuda_graph`: the step over static buffers, captured once per fit as a CUDA
+graph and replayed, and the read-off likewise (`_replayed_steps`; on a CPU they run eagerly).
+`device_losses`: the fits' losses stay device tensors; the loop reads a round's losses at once
+(loop._settled). Each equals the default path: the gather and the device-side loss division
+bit for bit, the fused step to floating-point tolerance (tests/test_levers.py; on a GPU
+tests/test_cuda.py).
 
 Where it cannot be the same computation, the sequential path runs (`vectorize_blocker`):
 a custom `loss_fn`, a model with dropout (random per sample) or BatchNorm running
@@ -55,6 +55,7 @@ inductor and aot_eager without CUDA graphs match eager for both phases (tests/te
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any, Callable, Iterable, Iterator
 
 import torch
@@ -172,10 +173,9 @@ def fit_many(
     """`fit` (engine/training.py) for every client of `clients` from its own start (`starts[i]`, a
     full state dict), run as one vectorized computation on `model`'s structure. `plan`: the batches
     the sequential fits would draw (training.py owns the streams); `optimizer(params)`: the fit's
-    fresh optimizer over the stacked trainable tensors. `levers` (training.levers): `fused_step`
-    reads each client's parameters off by a mask at its last step (one fixed step body); `cuda_graph`
-    replays that body as a CUDA graph (`_replayed_steps`); `device_losses` returns the losses as
-    device tensors (loop.train_round reads a round's losses at once)."""
+    fresh optimizer over the stacked trainable tensors (its fused step with `fused_step`).
+    `levers` (training.levers): `cuda_graph` replays the step as a CUDA graph (`_replayed_steps`);
+    `device_losses` returns the losses as device tensors (loop.train_round reads a round's losses at once)."""
     from torch.func import functional_call, vmap
 
     levers = frozenset(levers)
@@ -203,10 +203,10 @@ def fit_many(
     # finished client gets zero gradients, but momentum or weight decay would still move it).
     final: Params = {n: stacked[n].detach().clone() for n in state}
     final_total = total.clone()
-    masked = "fused_step" in levers
-    ends = to_device(_ends(steps), device) if masked else None
+    ends = to_device(_ends(steps), device)  # (step, client): True at each client's last step
+    end_steps = {n - 1 for n in steps if n}
 
-    def step(x: torch.Tensor, y: torch.Tensor, w: torch.Tensor, end: torch.Tensor | None, zero: bool = True) -> None:
+    def step(x: torch.Tensor, y: torch.Tensor, w: torch.Tensor, zero: bool = True) -> None:
         losses = batched_loss(stacked, x, y, w)
         if zero:
             opt.zero_grad(set_to_none=True)
@@ -215,23 +215,20 @@ def fit_many(
             before_step(_StackedView({n: stacked[n] for n in names}))
         opt.step()
         total.add_(losses.detach() * w.sum(1))
-        if end is not None:  # fused_step: the finished clients masked in, one fixed body for every step
-            for n, t in final.items():
-                t.copy_(torch.where(end.view((k,) + (1,) * (t.dim() - 1)), stacked[n].detach(), t))
-            final_total.copy_(torch.where(end, total, final_total))
+
+    def read_off(end: torch.Tensor) -> None:
+        """The clients finishing at this step (mask `end`) masked into `final`: no host-side index."""
+        for n, t in final.items():
+            t.copy_(torch.where(end.view((k,) + (1,) * (t.dim() - 1)), stacked[n].detach(), t))
+        final_total.copy_(torch.where(end, total, final_total))
 
     if "cuda_graph" in levers:
-        _replayed_steps(plan, ends, step, opt, device)
+        _replayed_steps(plan, ends, end_steps, step, read_off, opt, device)
     else:
         for s, (x, y, w) in enumerate(plan.blocks()):
-            step(x, y, w, None if ends is None else ends[s])
-            if ends is None:
-                done = [i for i in range(k) if steps[i] == s + 1]
-                if done:
-                    at = torch.tensor(done, device=device)
-                    for n, t in final.items():
-                        t[at] = stacked[n].detach()[at]
-                    final_total[at] = total[at]
+            step(x, y, w)
+            if s in end_steps:
+                read_off(ends[s])
     if "device_losses" in levers:  # float64 on the device: the same rounding as the host's float division
         losses = final_total.double() / to_device(torch.tensor([max(n, 1) for n in plan.seen], dtype=torch.float64), device)
         loss_of_client = list(losses.unbind())
@@ -254,12 +251,13 @@ def _ends(steps: list[int]) -> torch.Tensor:
 _WARMUP_STEPS = 3
 
 
-def _replayed_steps(plan: ResidentBatches, ends: torch.Tensor, step: Callable[..., None], opt: torch.optim.Optimizer,
-                    device: torch.device) -> None:
-    """Lever `cuda_graph`: every step is one fixed body over static buffers (the step's batch rows,
-    loss weights and finished-client mask, copied in before it runs). On CUDA the body is captured
-    once per fit after the warm-up steps and replayed for the rest: one launch a step instead of
-    every kernel's. Elsewhere the same body runs eagerly, so the CPU checks everything but the capture."""
+def _replayed_steps(plan: ResidentBatches, ends: torch.Tensor, end_steps: set[int], step: Callable[..., None],
+                    read_off: Callable[[torch.Tensor], None], opt: torch.optim.Optimizer, device: torch.device) -> None:
+    """Lever `cuda_graph`: the step is one fixed body over static buffers (the step's batch rows and
+    loss weights, copied in before it runs), and so is the read-off of the clients finishing at a
+    step (its mask). On CUDA each is captured once per fit after the warm-up steps and replayed: one
+    launch a step instead of every kernel's, the read-off only at the steps where a client ends.
+    Elsewhere the same bodies run eagerly, so the CPU checks everything but the capture."""
     rows, weights, end = plan.rows[0].clone(), plan.weights[0].clone(), ends[0].clone()
 
     def load(s: int) -> None:
@@ -268,28 +266,34 @@ def _replayed_steps(plan: ResidentBatches, ends: torch.Tensor, step: Callable[..
         end.copy_(ends[s])
 
     def body(zero: bool) -> None:
-        step(plan.x[rows], plan.y[rows], weights, end, zero=zero)
+        step(plan.x[rows], plan.y[rows], weights, zero=zero)
 
     total_steps = len(plan.rows)
-    if device.type != "cuda" or total_steps <= _WARMUP_STEPS:
-        for s in range(total_steps):
+    capture = device.type == "cuda" and total_steps > _WARMUP_STEPS
+    warmup = _WARMUP_STEPS if capture else total_steps
+    side = torch.cuda.Stream(device) if capture else None
+    if side is not None:
+        side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
+        for s in range(warmup):
             load(s)
             body(zero=True)
+            if s in end_steps:
+                read_off(end)
+    if not capture:
         return
-    side = torch.cuda.Stream(device)
-    side.wait_stream(torch.cuda.current_stream(device))
-    with torch.cuda.stream(side):
-        for s in range(_WARMUP_STEPS):
-            load(s)
-            body(zero=True)
     torch.cuda.current_stream(device).wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
+    stepped, read = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
     opt.zero_grad(set_to_none=True)  # the captured backward writes fresh gradients into the graph's pool
-    with torch.cuda.graph(graph):
+    with torch.cuda.graph(stepped):
         body(zero=False)
-    for s in range(_WARMUP_STEPS, total_steps):
+    with torch.cuda.graph(read):
+        read_off(end)
+    for s in range(warmup, total_steps):
         load(s)
-        graph.replay()
+        stepped.replay()
+        if s in end_steps:
+            read.replay()
 
 
 # Elements of input staged for the padded batches at once (512 MiB of float32).
