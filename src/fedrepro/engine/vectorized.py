@@ -56,6 +56,7 @@ inductor and aot_eager without CUDA graphs match eager for both phases (tests/te
 from __future__ import annotations
 
 import contextlib
+import sys
 from typing import Any, Callable, Iterable, Iterator
 
 import torch
@@ -285,15 +286,34 @@ def _replayed_steps(plan: ResidentBatches, ends: torch.Tensor, end_steps: set[in
     torch.cuda.current_stream(device).wait_stream(side)
     stepped, read = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
     opt.zero_grad(set_to_none=True)  # the captured backward writes fresh gradients into the graph's pool
-    with torch.cuda.graph(stepped):
-        body(zero=False)
-    with torch.cuda.graph(read):
-        read_off(end)
+    try:
+        with torch.cuda.graph(stepped):
+            body(zero=False)
+        with torch.cuda.graph(read):
+            read_off(end)
+    except RuntimeError as e:  # a capture records and runs nothing: the fit goes on eagerly from here
+        _say_once(f"training.levers cuda_graph: the step could not be captured ({str(e).splitlines()[0]}); "
+                  "running it eagerly")
+        stepped = read = None
     for s in range(warmup, total_steps):
         load(s)
-        stepped.replay()
-        if s in end_steps:
+        if stepped is None:
+            body(zero=True)
+        else:
+            stepped.replay()
+        if s in end_steps and read is None:
+            read_off(end)
+        elif s in end_steps:
             read.replay()
+
+
+_said: set[str] = set()
+
+
+def _say_once(message: str) -> None:
+    if message not in _said:
+        _said.add(message)
+        print(f"[fedrepro] {message}", file=sys.stderr)
 
 
 # Elements of input staged for the padded batches at once (512 MiB of float32).
