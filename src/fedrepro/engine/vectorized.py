@@ -134,19 +134,9 @@ class ResidentBatches:
         self.steps = [len(r) for r in rows_per_client]
         self.seen = [sum(len(r) for r in rs) for rs in rows_per_client]
         width = max((len(r) for rs in rows_per_client for r in rs), default=0)
-        k, total_steps = len(rows_per_client), max(self.steps, default=0)
-        rows = torch.zeros((total_steps, k, width), dtype=torch.long)
-        weights = torch.zeros((total_steps, k, width), dtype=x.dtype)
-        for i, rs in enumerate(rows_per_client):
-            full = [s for s, r in enumerate(rs) if len(r) == width]  # one stacked copy for all of them
-            if full:
-                rows[full, i] = torch.stack([rs[s] for s in full])
-                weights[full, i] = 1
-            for s, r in enumerate(rs):  # the short last batch of each epoch
-                if len(r) < width:
-                    rows[s, i, : len(r)] = r
-                    weights[s, i, : len(r)] = 1
-        self.rows, self.weights = to_device(rows, device), to_device(weights, device)
+        total_steps = max(self.steps, default=0)
+        self.rows = to_device(_padded(rows_per_client, total_steps, width, (), torch.long, torch.device("cpu")), device)
+        self.weights = _weights(rows_per_client, total_steps, width, x.dtype, device)
 
     def blocks(self) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
         for s in range(len(self.rows)):
@@ -324,24 +314,34 @@ def _stage(per_client: list[list[tuple[torch.Tensor, torch.Tensor]]], c0: int, c
            sample: torch.Tensor, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Steps c0..c1-1 of every client as zero-padded (steps, clients, width, ...) inputs,
     labels and loss weights (1 for a real sample, 0 for padding and finished clients)."""
-    k = len(per_client)
-    x = torch.zeros((c1 - c0, k, width) + tuple(sample.shape[1:]), dtype=sample.dtype, device=device)
-    y = torch.zeros((c1 - c0, k, width), dtype=torch.long, device=device)
-    w = torch.zeros((c1 - c0, k, width), dtype=sample.dtype, device=device)
-    for i, batches in enumerate(per_client):
-        part = batches[c0:c1]
-        full = [j for j, (_, yb) in enumerate(part) if len(yb) == width]  # one stacked copy for all of them
+    xs = [[xb for xb, _ in batches[c0:c1]] for batches in per_client]
+    ys = [[yb for _, yb in batches[c0:c1]] for batches in per_client]
+    return (_padded(xs, c1 - c0, width, tuple(sample.shape[1:]), sample.dtype, device),
+            _padded(ys, c1 - c0, width, (), torch.long, device), _weights(ys, c1 - c0, width, sample.dtype, device))
+
+
+def _padded(parts: list[list[torch.Tensor]], steps: int, width: int, trailing: tuple, dtype: torch.dtype,
+            device: torch.device) -> torch.Tensor:
+    """`parts[i][s]` (client i's batch at step s: up to `width` rows of shape `trailing`) as one
+    zero-padded (steps, clients, width, *trailing) tensor: a client's full batches in one stacked
+    copy, its short ones (the last of each epoch) one by one."""
+    out = torch.zeros((steps, len(parts), width) + trailing, dtype=dtype, device=device)
+    for i, batches in enumerate(parts):
+        full = [s for s, b in enumerate(batches) if len(b) == width]
         if full:
-            at = torch.tensor(full, device=device)
-            x[at, i] = torch.stack([part[j][0] for j in full])
-            y[at, i] = torch.stack([part[j][1] for j in full])
-            w[at, i] = 1
-        for j, (xb, yb) in enumerate(part):  # the short last batch of each epoch
-            if len(yb) < width:
-                x[j, i, : len(yb)] = xb
-                y[j, i, : len(yb)] = yb
-                w[j, i, : len(yb)] = 1
-    return x, y, w
+            out[torch.tensor(full, device=device), i] = torch.stack([batches[s] for s in full])
+        for s, b in enumerate(batches):
+            if len(b) < width:
+                out[s, i, : len(b)] = b
+    return out
+
+
+def _weights(parts: list[list[torch.Tensor]], steps: int, width: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """The loss weights of `_padded(parts, ...)`: 1 for a real row, 0 for padding and finished clients."""
+    lengths = torch.zeros((steps, len(parts)), dtype=torch.long)
+    for i, batches in enumerate(parts):
+        lengths[: len(batches), i] = torch.tensor([len(b) for b in batches], dtype=torch.long)
+    return to_device((torch.arange(width) < lengths[..., None]).to(dtype), device)
 
 
 def replays_cuda_graphs(setting: bool | str, device: torch.device) -> bool:
