@@ -79,8 +79,8 @@ def test_paper_table_with_a_row_that_still_moves(toy, tmp_path):  # noqa: F811
     md = out.with_suffix(".md").read_text()
     assert ("Not converged: Base (S) moved by +5.00 between rounds 2 and 3 (the last two evaluations; tolerance 1.00, "
             "a convention of this project): their ordering is not judged.") in md
-    assert f"| Ours vs Base | +2.00, t, p = 0.074 (n=3); {NOT_CONVERGED} |" in md
-    assert "| Ours vs part | +9.00, t, p = 0.070 (n=2) |" in md  # neither side moves
+    assert f"| Ours vs Base | +2.00, t, p = 0.074 (n=3); verdict: {NOT_CONVERGED} |" in md
+    assert "| Ours vs part | +9.00, t, p = 0.070 (n=2); verdict: not different (p ≥ 0.05) |" in md  # neither side moves
     for ext in (".tex", ".html"):
         assert NOT_CONVERGED in out.with_name("t1" + ext).read_text()
     tests = read_csv(out.with_name("t1_tests.csv")).set_index("baseline")

@@ -18,6 +18,8 @@ import pandas as pd
 from fedrepro.io import atomic_path, write_text_atomic
 from fedrepro.report.papers import DIMS, Column, PaperPlan, Row, Table, TablePlan, Target
 from fedrepro.report.plateau import NOT_CONVERGED, PLATEAU_TOLERANCE, by_cell, movement, rounds_text, seed_changes
+from fedrepro.report.regime import Baseline, Regime
+from fedrepro.report.regime import check as regime_check
 from fedrepro.report.stats import (ALPHA, LEVEL, WILCOXON_MIN_SEEDS, Deviation, PairedTest, SeedStats, deviation,
                                    paired_test, seed_stats)
 from fedrepro.report.tables import client_notes, latex_escape
@@ -98,6 +100,7 @@ class TableResult:
     cells: dict[tuple, CellResult]
     tests: list[TestResult]
     frame: pd.DataFrame
+    regimes: dict[tuple, Regime] = field(default_factory=dict)  # column key (key[1:]) -> its regime check
 
     def cell(self, row: Row, col: Column) -> CellResult:
         return self.cells[self.table.key(row, col)]
@@ -172,7 +175,21 @@ def build_table(table: Table, frame: pd.DataFrame, plan: TablePlan | None = None
                 c.dev = deviation(c.stats, c.paper, c.paper_pm if paper_runs else None, paper_runs)
     _rank(table, cells)
     tests = _tests(table, cells)
-    return TableResult(table, plan, reduced, list(seeds or []), cells, tests, frame)
+    return TableResult(table, plan, reduced, list(seeds or []), cells, tests, frame, _regimes(table, cells))
+
+
+def _regimes(table: Table, cells: dict[tuple, CellResult]) -> dict[tuple, Regime]:
+    """The regime check (report/regime.py) of every column that holds a proposed cell of ours: its
+    baseline rows' means against the paper's values for the same rows."""
+    proposed = set(table.proposed)
+    columns = {c.key[1:] for c in cells.values() if c.key[0] in proposed and not c.row.derived and c.has_value}
+    out = {}
+    for col in sorted(columns, key=str):
+        base = [Baseline(c.key[0], table.row_name(c.row), c.stats.mean, c.paper) for c in cells.values()
+                if c.key[1:] == col and c.key[0] not in proposed and not c.row.derived and c.has_value
+                and c.paper is not None]
+        out[col] = regime_check(base, table.metric(next(k for k in cells if k[1:] == col)).better)
+    return out
 
 
 def _rank(table: Table, cells: dict[tuple, CellResult]) -> None:
@@ -369,6 +386,7 @@ def notes(res: TableResult) -> list[str]:
     plateau = plateau_note(res)
     if plateau:
         out.append(plateau)
+    out.extend(regime_notes(res))
     stand = sorted({(t.name("dataset", c.key[1]), c.target.dataset, c.target.partition, t.name("setting", c.key[2]))
                     for c in res.cells.values() if c.target is not None and c.target.stand_in})
     if stand:
@@ -424,6 +442,46 @@ def _moved_text(change: float, moved: float, d: int) -> str:
     return signed_text(change, d) + (f" (mean |change| {number_text(moved, d)}: the seeds moved both ways)" if both else "")
 
 
+def test_verdict(res: TableResult, tr: TestResult) -> str:
+    """The verdict of one paired test: the proposed row above / below the baseline (better / worse
+    in the metric's direction, p < ALPHA) or not different; "not judged: ..." where the column's
+    regime check disagrees (report/regime.py), where a side has not reached a plateau, or where
+    the test is undefined."""
+    blocks = []
+    regime = res.regimes.get(tr.col_key)
+    if regime is not None and regime.verdict_block:
+        blocks.append(regime.verdict_block)
+    if _moving(res, tr):
+        blocks.append(NOT_CONVERGED)
+    if blocks:
+        return "; ".join(blocks)
+    r = tr.result
+    if r.test == "none" or not np.isfinite(r.p):
+        return f"not judged ({r.note})" if r.note else "not judged"
+    if r.p >= ALPHA:
+        return f"not different (p ≥ {ALPHA})"
+    better = res.table.metric(tr.proposed_key).better
+    return "above" if (r.mean_diff > 0) == (better == "higher") else "below"
+
+
+def regime_notes(res: TableResult) -> list[str]:
+    """One note per checked column: its regime check, and what a disagreement does to the verdicts."""
+    t = res.table
+    out = []
+    for col, regime in res.regimes.items():
+        where = " / ".join(t.name(d, v) for d, v in zip(DIMS[1:], col))
+        line = f"Regime check ({where}): {regime.text(t.paper.metrics[col[2]].decimals)}"
+        if regime.verdict_block:
+            line += f"; every paired test of this column: '{regime.verdict_block}'"
+        out.append(line + ".")
+    if out:
+        out.append("Regime check: our baseline rows' means against the paper's values for the same rows (src/fedrepro/"
+                   "report/regime.py): it agrees with ρ ≥ 0.6 or τ ≥ 0.45 and Local and FedAvg within one place of the "
+                   "paper's, and with fewer than four baselines where the order is the paper's; conventions of this "
+                   "project. Only where it agrees and both rows reached a plateau is a test given a verdict.")
+    return out
+
+
 def _moving(res: TableResult, tr: TestResult) -> bool:
     """Does either side of a paired test still move (not converged)?"""
     return any(res.cells[k].converged is False for k in (tr.proposed_key, tr.baseline_key))
@@ -475,7 +533,7 @@ def _tests_grid(res: TableResult) -> tuple[list[str], list[tuple[str, list[str]]
     rows = []
     for p, b in pairs:
         cells = [DASH if (p, b, k) not in by else paired_text(by[(p, b, k)].result, t.paper.metrics[k[2]].decimals)
-                 + (f"; {NOT_CONVERGED}" if _moving(res, by[(p, b, k)]) else "") for k in cols]
+                 + f"; verdict: {test_verdict(res, by[(p, b, k)])}" for k in cols]
         rows.append((f"{t.name('method', p)} vs {t.name('method', b)}", cells))
     return names, rows
 
@@ -617,9 +675,10 @@ def to_html(res: TableResult) -> str:
 CELL_COLUMNS = ["paper_id", "table", "section", "row", *DIMS, "unit", "label", "dataset_run", "partition", "kind",
                 "column", "status", "n_seeds", "n_failed", "seeds", "mean", "std", "ci95_low", "ci95_high", "paper",
                 "paper_pm", "paper_pm_kind", "paper_mark", "diff", "beyond_spread", "deviation_test", "deviation_p",
-                "rank_ours", "reduced", "note", "last_change", "last_rounds", "converged"]
+                "rank_ours", "reduced", "note", "last_change", "last_rounds", "converged", "regime_rho", "regime_tau",
+                "regime_agrees"]
 TEST_COLUMNS = ["paper_id", "table", "proposed", "baseline", "dataset", "setting", "metric", "n", "mean_diff", "test",
-                "statistic", "p", "note", "convergence"]
+                "statistic", "p", "note", "convergence", "regime", "verdict"]
 
 
 def cells_frame(res: TableResult) -> pd.DataFrame:
@@ -645,6 +704,7 @@ def cells_frame(res: TableResult) -> pd.DataFrame:
             "note": c.paper_note or None,
             "last_change": c.change if np.isfinite(c.change) else None,
             "last_rounds": " ".join(f"{a}-{b}" for a, b in c.change_rounds) or None, "converged": c.converged,
+            **_regime_fields(res.regimes.get(c.key[1:])),
         })
     return pd.DataFrame(rows, columns=CELL_COLUMNS)
 
@@ -656,8 +716,25 @@ def tests_frame(res: TableResult) -> pd.DataFrame:
              "mean_diff": tr.result.mean_diff if np.isfinite(tr.result.mean_diff) else None, "test": tr.result.test,
              "statistic": tr.result.statistic if np.isfinite(tr.result.statistic) else None,
              "p": tr.result.p if np.isfinite(tr.result.p) else None, "note": tr.result.note or None,
-             "convergence": _convergence(res, tr)} for tr in res.tests]
+             "convergence": _convergence(res, tr), "regime": _regime_text(res, tr), "verdict": test_verdict(res, tr)}
+            for tr in res.tests]
     return pd.DataFrame(rows, columns=TEST_COLUMNS)
+
+
+def _regime_fields(regime: Regime | None) -> dict:
+    """The cells CSV's regime columns: the column's ρ, τ and whether it agrees (None: no check)."""
+    if regime is None:
+        return {"regime_rho": None, "regime_tau": None, "regime_agrees": None}
+    fin = lambda v: v if np.isfinite(v) else None  # noqa: E731
+    return {"regime_rho": fin(regime.rho), "regime_tau": fin(regime.tau), "regime_agrees": regime.agrees}
+
+
+def _regime_text(res: TableResult, tr: TestResult) -> str | None:
+    """The tests CSV's regime: 'agrees', 'differs: ...' or 'unchecked: ...'."""
+    r = res.regimes.get(tr.col_key)
+    if r is None:
+        return None
+    return "agrees" if r.agrees else f"{'differs' if r.agrees is False else 'unchecked'}: {r.reason}"
 
 
 def _convergence(res: TableResult, tr: TestResult) -> str | None:

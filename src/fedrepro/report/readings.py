@@ -31,6 +31,8 @@ from fedrepro.registry import ConfigError, show
 from fedrepro.report.paper_tables import number_text, paired_text, signed_text
 from fedrepro.report.papers import PUBLISHED_DIR, Metric, Paper, Target, load_published, published_path
 from fedrepro.report.plateau import NOT_CONVERGED, PLATEAU_TOLERANCE, Movement, by_cell, movement, rounds_text, seed_changes
+from fedrepro.report.regime import Baseline, Regime
+from fedrepro.report.regime import check as regime_check
 from fedrepro.report.stats import ALPHA, WILCOXON_MIN_SEEDS, PairedTest, SeedStats, paired_test, seed_stats
 
 MARKS = ("RECON", "PAPER≠CODE")
@@ -100,6 +102,7 @@ class Ledger:
     readings: list[Reading]
     measured: dict | None
     targets: dict[str, Target] = field(default_factory=dict)  # name -> its cells (effect labels too)
+    keys: dict[str, tuple] = field(default_factory=dict)  # name -> its cell's layout key in the paper's table
     exp: dict = field(default_factory=dict, repr=False)  # the resolved headline experiment
 
     @property
@@ -345,7 +348,8 @@ def _resolve(ledger: Ledger) -> None:
             allowed = sorted({t.label for k, t in targets.items() if k[1:3] == column})
             raise ConfigError(f"{where}: key '{key}' names {name!r}, which has {len(found)} cells in column {column} of "
                               f"{h.table} in {h.experiment}; allowed: {', '.join(allowed)}")
-        ledger.targets[name] = next(iter(found.values()))
+        (key_, target), = found.items()
+        ledger.targets[name], ledger.keys[name] = target, key_
     labels = {c["label"]: c for c in exp["cells"]}
     base = ledger.targets[h.proposed]
     for r in ledger.readings:
@@ -403,6 +407,21 @@ def strongest(ledger: Ledger) -> str | None:
     return max(means, key=lambda b: sign * means[b]) if means else None
 
 
+def regime(ledger: Ledger) -> Regime | None:
+    """The regime check (report/regime.py) of the headline column: the measured baselines' means
+    against the paper's values for the same rows (None: not measured, or the names unresolved)."""
+    if not ledger.measured or not ledger.keys:
+        return None
+    table = ledger.paper.tables[ledger.headline.table]
+    base = []
+    for name in dict.fromkeys(ledger.headline.baselines):
+        key, mean = ledger.keys.get(name), seed_stats(values(ledger, name).values()).mean
+        cell = table.cells.get(key) if key else None
+        if name != ledger.headline.proposed and cell is not None and cell.value is not None and np.isfinite(mean):
+            base.append(Baseline(key[0], ledger.paper.name("method", key[0]), mean, cell.value))
+    return regime_check(base, ledger.metric.better)
+
+
 def verdict(test: PairedTest | None, better: str) -> str:
     """above / below the strongest baseline (better / worse on the metric's direction), or not different."""
     if test is None:
@@ -424,6 +443,9 @@ def side(ledger: Ledger, label: str, best: str | None) -> Side:
     judged = verdict(vs_best, ledger.metric.better) if v else "not measured"
     if v and (still_moving(ledger, label) or still_moving(ledger, best)):
         judged = NOT_CONVERGED
+    check = regime(ledger)
+    if v and check is not None and check.verdict_block:  # out of the paper's regime: nothing is judged
+        judged = check.verdict_block + (f"; {NOT_CONVERGED}" if judged == NOT_CONVERGED else "")
     return Side(label, v, seed_stats(v.values()), vs_fedavg, vs_best, judged, moved(ledger, label))
 
 
@@ -491,6 +513,11 @@ def _header(ledger: Ledger) -> tuple[str, list[str], Side | None, str | None]:
                      f"where the default, the strongest baseline or an alternative moved by more than {tol} (mean "
                      f"|change|, a convention of this project), its verdict is '{NOT_CONVERGED}' and whether it flips "
                      f"is n/a.")
+    check = regime(ledger)
+    if check is not None:
+        lines.append(f"Regime check of the headline column (the measured baselines against the paper's values for the same "
+                     f"rows, src/fedrepro/report/regime.py): {check.text(ledger.metric.decimals)}"
+                     + (f"; every verdict below is '{check.verdict_block}'." if check.verdict_block else "."))
     best = strongest(ledger)
     default = side(ledger, h.proposed, best)
     lines.append(f"Default (`{h.proposed}`): " + "; ".join(_side_lines(ledger, default, best)) + ".")
