@@ -263,6 +263,47 @@ def test_server_mixes_uploads_with_the_fedgr_weights(domain_partition, make_cell
         assert torch.allclose(v, expected, atol=1e-6)
 
 
+def test_fedgr_weights_unnormalised_as_algorithm1_writes_them():
+    """`aggregation: unnormalized`: Algorithm 1's theta^r = sum omega_ij (L'_ij)^(q+1) theta_ij without the
+    code's normaliser: the numerators of test_fedgr_weights_on_hand_values themselves."""
+    losses, sizes, groups, beta, q = [1.0, 2.0, 4.0], [1.0, 3.0, 4.0], [0, 0, 1], 0.5, 1.0
+    p = [1 / 8, 3 / 8, 1 / 2]
+    raw = torch.tensor([p[0] * 1.5, p[1] * 2.0 * 1.5, p[2] * 16.0], dtype=torch.float64)
+    assert torch.allclose(fedgr_weights(losses, sizes, groups, beta, q, normalized=False), raw)
+    assert torch.allclose(fedgr_weights(losses, sizes, groups, beta, q), raw / raw.sum())
+    assert float(raw.sum()) == pytest.approx(9.3125)  # the model would be scaled by 9.31
+
+
+def test_fedgcr_summed_loss_and_unnormalised_aggregation_are_options(domain_partition, make_cell):
+    """`loss_reduction: sum` reports n_k times the mean loss (Eq. 2's sum over the client's samples), which
+    changes the normalised weights of clients of different sizes; `aggregation: unnormalized` mixes the
+    uploads with weights that do not sum to 1 (Algorithm 1 as written)."""
+    def round_2(**hp):
+        engine = gcr_engine(domain_partition, make_cell, rounds=2, hparams=hp)
+        method = engine.method
+        method.setup()
+        engine.round = 2
+        updates = [method.local_update(c, method.broadcast(c)) for c in engine.clients]
+        method.aggregate(updates)
+        labels = [method.server["group_of"][u.client_id] for u in updates]
+        return method, updates, labels
+
+    _, mean_ups, labels = round_2()
+    _, sum_ups, _ = round_2(loss_reduction="sum")
+    sizes = [u.num_samples for u in mean_ups]
+    assert len(set(sizes)) > 1  # clients of different sizes
+    for m, s_ in zip(mean_ups, sum_ups):
+        assert m.extras["loss"] == m.loss and s_.extras["loss"] == pytest.approx(m.loss * m.num_samples)
+    w_mean = fedgr_weights([u.extras["loss"] for u in mean_ups], sizes, labels, beta_at(2), 1.0)
+    w_sum = fedgr_weights([u.extras["loss"] for u in sum_ups], sizes, labels, beta_at(2), 1.0)
+    assert not torch.allclose(w_mean, w_sum)
+    method, ups, labels = round_2(aggregation="unnormalized")
+    w = fedgr_weights([u.extras["loss"] for u in ups], sizes, labels, beta_at(2), 1.0, normalized=False)
+    assert abs(float(w.sum()) - 1) > 0.01
+    for k, v in method.server["global"].items():
+        assert torch.allclose(v, sum(float(wk) * u.params[k] for wk, u in zip(w, ups)), atol=1e-6)
+
+
 def test_fedgcr_reports_the_local_training_loss_and_the_codes_start_loss_is_an_option(domain_partition, make_cell):
     """Issue 27: Algorithm 1's LocalUpdate returns L, the loss of the local training (default
     `loss_at: train`); the code's loss of the received model on the train split is `loss_at: start`."""

@@ -18,7 +18,7 @@ from fedrepro.engine.run import train_cell
 from fedrepro.methods import METHODS, Update, weighted_average
 from fedrepro.methods._fair import global_loss, loss_std, power_weights, project_simplex, qfedavg_step, tilted_weights
 from fedrepro.methods.afl import ascend_lambda
-from fedrepro.methods.grp_fed import discriminator_loss, next_power
+from fedrepro.methods.grp_fed import discriminator_loss, local_extractor_loss, next_power, sigma_reference
 
 from conftest import kill_in_round_3_and_resume
 from test_engine import engine_for, strip_timing
@@ -295,6 +295,27 @@ def test_grp_fed_adapts_q_before_aggregating_with_it(tiny_partition, make_cell):
     assert traces["after"] == [10.0, 10.0, 10.5, 10.0, 9.5, 9.0]
 
 
+def test_grp_fed_sigma_compare_moves_q_against_the_last_or_the_mean_sigma(tiny_partition, make_cell):
+    """`sigma_compare`: sigma_t against sigma_(t-1) (default, 'previous') or against the mean of
+    sigma_1..sigma_(t-1) ('running_mean'); the two differ once there are two past rounds."""
+    assert sigma_reference([], "previous") != sigma_reference([], "previous")  # nan: no past round
+    assert sigma_reference([0.5, 1.0], "previous") == 1.0 and sigma_reference([0.5, 1.0], "running_mean") == 0.75
+    assert METHODS.get("grp_fed").hparams["sigma_compare"].default == "previous"
+    qs = {}
+    for rule in ("previous", "running_mean"):
+        eng = method_engine(tiny_partition, make_cell, "grp_fed", sigma_compare=rule)
+        m = eng.method
+        for losses in ([1.0, 2.0], [1.0, 3.0], [1.0, 2.6]):  # sigma 0.5 (q stays 10), 1.0 (q up), 0.8
+            ups = fake_updates(eng, losses)
+            m.aggregate(ups)
+        qs[rule] = [q for _, q in m.report()["q_per_round"]]
+        # the third round aggregated with the q its rule gave
+        w = power_weights([1.0, 2.6], qs[rule][-1]).tolist()
+        assert torch.allclose(m.server["global"]["head.bias"], mixed(ups, w, "head.bias"), atol=1e-6)
+    assert qs["previous"] == [10.0, 10.5, 10.0]  # 0.8 < 1.0: fairer than the last round, q down
+    assert qs["running_mean"] == [10.0, 10.5, 11.0]  # 0.8 > (0.5 + 1.0) / 2: less fair than the mean, q up
+
+
 def test_grp_fed_qfedavg_option_is_the_hand_computed_qfedavg_step(tiny_partition, make_cell):
     """`aggregation: qfedavg` (the default of issues 26-34): q-FedAvg (Li et al. 2020, Algorithm 3) with
     GRP-FED's power q_t = q_0 = 10 and L = 1/lr: Δw_k = L (w - w_k), h_k = q F_k^(q-1) ||Δw_k||^2 + L F_k^q,
@@ -400,9 +421,10 @@ def _grad_step(params, loss_of, lr):
     return {k: v - lr * g for (k, v), g in zip(params.items(), grads)}
 
 
-@pytest.mark.parametrize("lam", [0.0, 0.3, 1.0])
-def test_grp_fed_local_step_trains_only_the_local_extractor(tiny_partition, make_cell, lam):
-    eng = method_engine(tiny_partition, make_cell, "grp_fed", lam=lam)
+@pytest.mark.parametrize("lam,adv", [(0.0, "non_saturating"), (0.3, "non_saturating"), (1.0, "non_saturating"),
+                                     (0.0, "minimax"), (0.3, "minimax")])
+def test_grp_fed_local_step_trains_only_the_local_extractor(tiny_partition, make_cell, lam, adv):
+    eng = method_engine(tiny_partition, make_cell, "grp_fed", lam=lam, adv_loss=adv)
     m = eng.method
     c = eng.clients[0]
     x, y = c.train.x[:16], c.train.y[:16]
@@ -412,11 +434,12 @@ def test_grp_fed_local_step_trains_only_the_local_extractor(tiny_partition, make
     before_local = {k: v.clone() for k, v in m._local.state_dict().items()}
     head = {k[len("head."):]: v for k, v in before_model.items() if k.startswith("head.")}
 
-    def loss_of(local):  # lam * CE(C_g(F_l(x)), y) + (1 - lam) * BCE(D(F_l(x)), 1), C_g and D fixed
+    def loss_of(local):  # lam * CE(C_g(F_l(x)), y) + (1 - lam) * A(D(F_l(x))), C_g and D fixed
         z = functional_call(m._local, local, (x,))
         d = functional_call(m._disc, before_disc, (z,))
-        return lam * F.cross_entropy(functional_call(eng.model.head, head, (z,)), y) \
-            + (1 - lam) * F.binary_cross_entropy_with_logits(d, torch.ones_like(d))
+        # A: -log D(z_l) (non-saturating) or log(1 - D(z_l)) (minimax)
+        adv_term = -F.logsigmoid(d).mean() if adv == "non_saturating" else F.logsigmoid(-d).mean()
+        return lam * F.cross_entropy(functional_call(eng.model.head, head, (z,)), y) + (1 - lam) * adv_term
 
     expected = _grad_step(before_local, loss_of, eng.lr)
     m.local_step(x, y, eng.optimizer(m._local.parameters()))
@@ -426,6 +449,50 @@ def test_grp_fed_local_step_trains_only_the_local_extractor(tiny_partition, make
     # C_g (and F_g) and D are not changed by the local step
     assert all(torch.equal(before_model[k], v) for k, v in eng.get_params().items())
     assert all(torch.equal(before_disc[k], v) for k, v in m._disc.state_dict().items())
+
+
+def test_grp_fed_adversarial_forms_both_fool_D_and_differ_where_D_is_sure():
+    """`adv_loss`: both forms lower F_l's loss as D takes z_l for global (d up); the minimax form
+    log(1 - D) has almost no gradient where D is sure the features are local, the non-saturating
+    -log D the most; with lam = 1 the term is gone and the two agree."""
+    logits, y = torch.tensor([[2.0, 0.0], [0.0, 1.0]]), torch.tensor([0, 1])
+    grads = {}
+    for adv in ("non_saturating", "minimax"):
+        d = torch.tensor([[-8.0], [0.0]], requires_grad=True)  # D: sure local, undecided
+        local_extractor_loss(logits, y, d, lam=0.0, adv=adv).backward()
+        grads[adv] = d.grad.flatten()
+        assert (grads[adv] < 0).all()  # raising D(z_l) lowers the loss
+        assert local_extractor_loss(logits, y, d, 1.0, adv).item() == pytest.approx(F.cross_entropy(logits, y).item())
+    assert grads["non_saturating"][0].item() == pytest.approx(-(1 - torch.sigmoid(torch.tensor(-8.0)).item()) / 2)
+    assert grads["minimax"][0].item() == pytest.approx(-torch.sigmoid(torch.tensor(-8.0)).item() / 2)
+    assert abs(grads["minimax"][0]) < 1e-3 < abs(grads["non_saturating"][0])
+    assert grads["minimax"][1].item() == pytest.approx(grads["non_saturating"][1].item())  # equal at D = 1/2
+
+
+def test_grp_fed_local_classifier_received_ignores_step_1s_changes_to_C_g(tiny_partition, make_cell, monkeypatch):
+    """`local_classifier`: with 'received', F_l trains exactly as if step 1 left C_g as received;
+    with 'current' (default), F_l sees C_g as step 1 of each batch left it. D's step is disabled so
+    that F_l depends on C_g alone."""
+    def run(which, freeze_global):
+        eng = method_engine(tiny_partition, make_cell, "grp_fed", local_classifier=which)
+        m, c, model = eng.method, eng.clients[0], eng.model
+        monkeypatch.setattr(m, "disc_step", lambda z_g, z_l, opt: None)
+        if freeze_global:
+            def frozen_global(x, y, opt):
+                with torch.no_grad():
+                    z = model.extractor(x)
+                    return z.flatten(1), F.cross_entropy(model.head(z), y)
+            monkeypatch.setattr(m, "global_step", frozen_global)
+        up = m.local_update(c, m.broadcast(c))
+        return c.state["local"], up
+
+    assert METHODS.get("grp_fed").hparams["local_classifier"].default == "current"
+    received, up = run("received", False)
+    as_received, _ = run("current", True)  # C_g never moves: the received one throughout
+    current, up_current = run("current", False)
+    assert all(torch.equal(received[k], as_received[k]) for k in received)
+    assert not torch.allclose(received["extractor.1.weight"], current["extractor.1.weight"])
+    assert all(torch.equal(up.params[k], v) for k, v in up_current.params.items())  # the global model: unchanged
 
 
 def test_grp_fed_discriminator_step_trains_only_D(tiny_partition, make_cell):
@@ -462,7 +529,7 @@ def test_grp_fed_each_part_moves_only_in_its_own_step(tiny_partition, make_cell,
                 z = model.extractor(x)
                 return z.flatten(1), F.cross_entropy(model.head(z), y)
 
-        def frozen_local(x, y, opt):
+        def frozen_local(x, y, opt, classifier=None):
             with torch.no_grad():
                 return m._local(x).flatten(1)
 

@@ -70,6 +70,50 @@ def test_info_nce_by_hand():
     assert float(none.detach()) == 0.0 and int(n) == 0
 
 
+def test_info_nce_with_batch_negatives_by_hand():
+    """`negatives: with_batch`: the batch's samples of another class join the other classes' centroids
+    in the denominator (a class without a centroid too); same-class samples and the sample itself do not."""
+    centroids = torch.tensor([[1.0, 0.0], [0.0, 2.0], [5.0, 5.0]])
+    present = torch.tensor([True, True, False])
+    z = torch.tensor([[3.0, 0.0], [0.0, 1.0], [1.0, 0.0], [1.0, 1.0]], requires_grad=True)
+    y = torch.tensor([0, 1, 0, 2])  # sample 3: no positive, but a negative of the others
+    e = math.exp
+    default, n = info_nce(z, y, centroids, present, tau_cl=0.5)
+    assert default.item() == pytest.approx(math.log(1 + e(-2)), rel=1e-6) and int(n) == 3
+    loss, n = info_nce(z, y, centroids, present, tau_cl=0.5, batch_negatives=True)
+    r = 2 * math.sqrt(0.5)  # cos 1/sqrt2 over tau_CL = 0.5
+    # sample 0: centroid 1 (cos 0), sample 1 (cos 0), sample 3 (cos 1/sqrt2); sample 2 (its class) left out
+    s0 = math.log((e(2) + 1 + 1 + e(r)) / e(2))
+    s1 = math.log((e(2) + 1 + 1 + 1 + e(r)) / e(2))  # centroid 0, samples 0 and 2 (cos 0), sample 3
+    expected = (2 * s0 + s1) / 3  # sample 2 as sample 0
+    assert loss.item() == pytest.approx(expected, rel=1e-6) and int(n) == 3
+    loss.backward()
+    assert z.grad[3].abs().sum() > 0  # the in-batch negative gets a gradient (it has no positive itself)
+    one_class = torch.tensor([0, 0, 0, 0])  # no other-class sample: the same as the default
+    assert info_nce(z, one_class, centroids, present, 0.5, True)[0].item() == pytest.approx(
+        info_nce(z, one_class, centroids, present, 0.5)[0].item(), rel=1e-6)
+
+
+@pytest.mark.parametrize("negatives", ["centroids", "with_batch"])
+def test_local_training_contrasts_with_the_configured_negatives(tiny_partition, make_cell, monkeypatch, negatives):
+    eng = make_engine(tiny_partition, make_cell, alpha=0.7, negatives=negatives)
+    assert fedcosr.FedCoSR.hparams["negatives"].default == "centroids"
+    set_centroids(eng, [0, 1, 2, 4, 7])
+    client = eng.clients[1]
+    calls = spy_fit(eng, monkeypatch)
+    local_update(eng, client)  # first participation: CE only
+    local_update(eng, client)
+    g = torch.Generator().manual_seed(5)
+    z, logits = torch.randn(5, eng.model.feature_dim, generator=g), torch.randn(5, eng.num_classes, generator=g)
+    y = torch.tensor([0, 4, 3, 0, 2])
+    server = eng.method.server
+    with_batch, _ = info_nce(z, y, server["protos"], server["present"], 0.5, batch_negatives=True)
+    centroids_only, _ = info_nce(z, y, server["protos"], server["present"], 0.5)
+    assert with_batch > centroids_only  # more terms in the denominator
+    nce = with_batch if negatives == "with_batch" else centroids_only
+    assert torch.allclose(calls[1]["loss_fn"](Batch(None, y, z, logits)), F.cross_entropy(logits, y) + 0.7 * nce)
+
+
 def test_server_averages_extractors_by_samples_and_centroids_by_class_counts(tiny_partition, make_cell):
     eng = make_engine(tiny_partition, make_cell)
     d, init = eng.model.feature_dim, eng.get_params()

@@ -209,6 +209,28 @@ def test_server_extractor_fedavg_and_predictor_ema(tiny_partition, make_cell, ta
         assert torch.allclose(new[k], expected, atol=1e-6, rtol=0), k
 
 
+@pytest.mark.parametrize("norm", ["sampled", "all_clients"])
+def test_weight_norm_divides_by_the_sampled_or_all_clients_samples(tiny_partition, make_cell, norm):
+    """`weight_norm`: eqs. 3 and 8 weight |D_i| / N; 'sampled' (default) = N over the aggregated
+    clients (weights sum to 1), 'all_clients' = N over the whole federation (the rest is dropped)."""
+    eng = ready(make_engine(tiny_partition, make_cell, {"weight_norm": norm, "tau": 0.5}))
+    assert METHODS.get("fedcrc").hparams["weight_norm"].default == "sampled"
+    clients = eng.clients[:2]
+    big_n = sum(c.num_train for c in eng.clients)
+    n = [c.num_train for c in clients]
+    assert len(eng.clients) > 2 and big_n > sum(n)
+    g = torch.Generator().manual_seed(2)
+    rand = lambda: {k: torch.randn(v.shape, generator=g) for k, v in eng.method.server["global"].items()}
+    old, a, b = rand(), rand(), rand()
+    eng.method.server["global"] = old
+    eng.method.aggregate([Update(clients[0].id, n[0], a), Update(clients[1].id, n[1], b)])
+    total = sum(n) if norm == "sampled" else big_n
+    for k, v in eng.method.server["global"].items():
+        avg = (n[0] * a[k] + n[1] * b[k]) / total
+        expected = 0.5 * old[k] + 0.5 * avg if k.startswith("head.") else avg
+        assert torch.allclose(v, expected, atol=1e-6, rtol=0), k
+
+
 def test_personalized_model_is_the_global_extractor_with_the_clients_own_predictor(tiny_partition, make_cell):
     method = METHODS.get("fedcrc")
     assert method.has_global and method.has_personal

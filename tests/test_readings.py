@@ -51,7 +51,7 @@ LEDGER = {
                   "why": "the code's value", "effects": [{"option": 5.0, "label": "qffl_q5"}]},
                  {"id": "qffl.loss_at", "mark": ["RECON", "PAPER≠CODE"], "question": "which loss", "paper": "F_k",
                   "code": "start", "options": {"start": "before training", "train": "while training"},
-                  "default": "start", "why": "q-FFL's F_k(w^t)", "not_measured": "no label runs it here"}],
+                  "default": "start", "why": "q-FFL's F_k(w^t)", "not_measured": "pending: no label runs it here"}],
 }
 # per label, accuracy (fraction) of seeds 0, 1, 2
 RUNS = {"qffl": [0.70, 0.72, 0.74], "fedavg": [0.60, 0.61, 0.65], "local": [0.50, 0.55, 0.52],
@@ -104,6 +104,8 @@ def _edit(path, edit):
                                                                       "running qffl with q: 5.0"),
     (lambda d: d["readings"][0]["effects"][0].update(option=Q_DEFAULT), "allowed: an option other than the default"),
     (lambda d: d["readings"][1].pop("not_measured"), "key 'not_measured' has value None"),
+    (lambda d: d["readings"][1].update(not_measured="not this session"),
+     "key 'not_measured' has value 'not this session'; allowed: 'cannot act: ' and why"),
     (lambda d: d["readings"][1].pop("why"), "missing key(s) ['why']"),
     (lambda d: d["headline"].update(table="t9"), "key 'table' has value 't9'; allowed: t1"),
     (lambda d: d["headline"].update(metric="f1"), "key 'metric' has value 'f1'; allowed: a metric of Toy Table 1: acc"),
@@ -138,7 +140,7 @@ def test_differences_paired_tests_verdicts_and_flips(tmp_path):
     assert rd.flips(default, option) == "yes"
     md = rd.to_markdown(ledger)
     assert "`qffl.q`" in md and "5.0 (`qffl_q5`): 56.33 ± 1.53 (n=3)" in md and "5.0: yes" in md
-    assert "not measured: no label runs it here" in md and "**start: before training**" in md
+    assert "not measured: pending: no label runs it here" in md and "**start: before training**" in md
     assert "<td><code>qffl.q</code>" in rd.to_html(ledger)
 
 
@@ -247,3 +249,21 @@ def test_the_paper_targets_render_the_ledger(tmp_path):
     text = snakemake("-n", "fedcrc_table1", "--configfile", config, cwd=tmp_path)
     has = rd.ledger_path("fedcrc", REPO).is_file()
     assert ("rule paper_readings" in text) == has and ("results/fedcrc_cpu/paper/readings.html" in text) == has
+
+
+def test_entries_not_yet_measured_are_listed_and_refused_by_complete(tmp_path, capsys):
+    """An entry counts as measured over >= 3 seeds of each alternative, or says why it cannot act."""
+    path = make_repo(tmp_path, measured=RUNS)
+    ledger = rd.load_ledger(path)
+    assert rd.incomplete(ledger) == ["qffl.loss_at: pending: no label runs it here"]
+    assert main(["readings", "--check", "--ledger", str(path)]) == 0
+    assert "1 entry(ies) not yet measured" in capsys.readouterr().out
+    assert main(["readings", "--check", "--complete", "--ledger", str(path)]) == 2
+    assert "qffl.loss_at: pending: no label runs it here" in capsys.readouterr().err
+    # an alternative measured over two seeds is not yet measured either
+    two = {k: v[:2] for k, v in RUNS.items()}
+    assert "measured over 2 seed(s); allowed: at least 3" in rd.incomplete(rd.load_ledger(make_repo(tmp_path / "b", measured=two)))[0]
+    # cannot act on the stand-in: complete
+    _edit(path, lambda d: d["readings"][1].update(not_measured="cannot act: the stand-in has one local epoch"))
+    assert rd.incomplete(rd.load_ledger(path)) == []
+    assert main(["readings", "--check", "--complete", "--ledger", str(path)]) == 0

@@ -123,6 +123,79 @@ def test_prototype_meta_loss_ln_with_an_empty_cluster():
     assert prototype_meta_loss(za, zb, ya, yb).item() == pytest.approx(math.log(1 + math.exp(-2)), rel=1e-6)
 
 
+# Two support prototypes v0 = e1, v1 = e2 (view a); three queries of view b: e1 and (0.6, 0.8) in
+# cluster 0, e2 in cluster 1. Squared distances of (0.6, 0.8): 0.8 to v0, 0.4 to v1.
+LN_ZA, LN_YA = torch.tensor([E1, E2]), torch.tensor([0, 1])
+LN_ZB, LN_YB = torch.tensor([E1, [0.6, 0.8], E2]), torch.tensor([0, 0, 1])
+
+
+def test_ln_forms_code_prose_and_algorithm1_by_hand():
+    """`ln_form`: the code's CE of softmax(-d^2) averaged over the queries; the prose's formula
+    sum_k -(1/N_k) sum_j softmax(-d)_k (no log, Euclidean d); Algorithm 1 line 21's
+    sum_k -(1/N_k) sum_{j in k} log[exp(z_j.v_k/tau) / sum_{a outside k} exp(z_a.v_k/tau)]."""
+    code = (2 * math.log(1 + math.exp(-2)) + math.log(1 + math.exp(0.4))) / 3
+    assert prototype_meta_loss(LN_ZA, LN_ZB, LN_YA, LN_YB).item() == pytest.approx(code, rel=1e-6)
+    own = lambda d_own, d_other: 1 / (1 + math.exp(d_own - d_other))  # noqa: E731  softmax over two prototypes
+    prose = -((own(0, math.sqrt(2)) + own(math.sqrt(0.8), math.sqrt(0.4))) / 2 + own(0, math.sqrt(2)))
+    assert prototype_meta_loss(LN_ZA, LN_ZB, LN_YA, LN_YB, "prose").item() == pytest.approx(prose, rel=1e-6)
+    # tau = 0.5: z.v / tau = (2, 0), (1.2, 1.6), (0, 2). Cluster 0 against e2: log-sum-exp 0; cluster 1
+    # against e1 and (0.6, 0.8): log(1 + e^1.6). Cluster 0's mean (2 + 1.2) / 2, cluster 1's 2 - log(1 + e^1.6).
+    line21 = -(1.6 + 2 - math.log(1 + math.exp(1.6)))
+    assert prototype_meta_loss(LN_ZA, LN_ZB, LN_YA, LN_YB, "algorithm1").item() == pytest.approx(line21, rel=1e-6)
+    # tau (`ln_temperature`) scales the dot products of the Algorithm 1 form only
+    line21_t1 = -(0.8 + 1 - math.log(1 + math.exp(0.8)))
+    assert prototype_meta_loss(LN_ZA, LN_ZB, LN_YA, LN_YB, "algorithm1", tau=1.0).item() == pytest.approx(line21_t1, rel=1e-6)
+    assert prototype_meta_loss(LN_ZA, LN_ZB, LN_YA, LN_YB, "code", tau=1.0).item() == pytest.approx(code, rel=1e-6)
+    # a cluster with no sample outside it has no denominator: left out
+    assert prototype_meta_loss(LN_ZA, LN_ZB[:2], LN_YA, LN_YB[:2], "algorithm1").item() == 0
+    zb = LN_ZB.clone().requires_grad_()
+    for form in ("code", "prose", "algorithm1"):  # queries exactly on a prototype: finite gradients
+        zb.grad = None
+        prototype_meta_loss(LN_ZA, zb, LN_YA, LN_YB, form).backward()
+        assert torch.isfinite(zb.grad).all() and zb.grad.abs().sum() > 0, form
+
+
+def test_ln_support_view_a_or_the_codes_clusters_of_both_views():
+    """`ln_support`: view a's cluster 2 (v2 = -e1) has no query in view b. 'view_a' keeps it as a
+    support prototype, an extra negative of every query; 'both_views' (the code) drops it. The
+    Algorithm 1 form contrasts samples, not prototypes, so the support does not change it."""
+    za, ya = torch.tensor([E1, E2, [-1.0, 0.0]]), torch.tensor([0, 1, 2])
+    # squared distances to v2: e1 4, (0.6, 0.8) 3.2, e2 2
+    view_a = (math.log(1 + math.exp(-2) + math.exp(-4)) + math.log(1 + math.exp(0.4) + math.exp(-2.4))
+              + math.log(1 + 2 * math.exp(-2))) / 3
+    both = prototype_meta_loss(LN_ZA, LN_ZB, LN_YA, LN_YB).item()
+    assert prototype_meta_loss(za, LN_ZB, ya, LN_YB).item() == pytest.approx(view_a, rel=1e-6)
+    assert prototype_meta_loss(za, LN_ZB, ya, LN_YB, support="both_views").item() == pytest.approx(both, rel=1e-6)
+    assert view_a > both
+    for form, changes in (("prose", True), ("algorithm1", False)):
+        a = prototype_meta_loss(za, LN_ZB, ya, LN_YB, form).item()
+        b = prototype_meta_loss(za, LN_ZB, ya, LN_YB, form, support="both_views").item()
+        assert (a != pytest.approx(b, rel=1e-6)) is changes, form
+
+
+def test_calibre_passes_its_ln_readings_to_the_regularizer_and_offers_no_lc(tiny_partition, make_cell):
+    """The regularizer computes l_n with `ln_form`, `ln_support` and `ln_temperature`; `lc_weight`
+    accepts only 0 (the paper's l_c is undefined)."""
+    from fedrepro.methods import METHODS
+    from fedrepro.registry import ConfigError
+    from fedrepro.ssl.objectives import ViewsOutput
+
+    torch.manual_seed(0)
+    z = torch.randn(16, 5)
+    out = ViewsOutput(torch.tensor(0.0), z[:8], z[8:], z[:8, :4], z[8:, :4])
+    got = {}
+    for hp in [{}, {"ln_form": "prose"}, {"ln_form": "algorithm1"}, {"ln_form": "algorithm1", "ln_temperature": 0.1}]:
+        eng = method_engine(tiny_partition, make_cell, "calibre", {"use_lp": False, "n_clusters": 3, "proj_hidden": 8,
+                                                                   "proj_dim": 4, **hp})
+        torch.manual_seed(1)
+        got[tuple(hp.items())] = eng.method.regularizer(out).item()
+    assert len({round(v, 6) for v in got.values()}) == len(got)
+    lc = METHODS.entry("calibre").params["lc_weight"]
+    lc.check("calibre", "lc_weight", 0.0)
+    with pytest.raises(ConfigError, match="lc_weight"):
+        lc.check("calibre", "lc_weight", 1.0)
+
+
 def test_prototype_contrastive_loss_lp_pairs_the_clusters_of_both_views():
     """Cluster means of h: view a (2, 0), (0, 2); view b (2, 0), (0, 1): orthogonal pairs, so
     NT-Xent gives log(1 + 2 e^{-1/t}); a cluster in one view only (3) takes no part."""

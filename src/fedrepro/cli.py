@@ -254,7 +254,7 @@ def cmd_train(args) -> None:
         raise ConfigError("the cell's hyper-parameters are tuned: pass --tuned <the select rule's JSON>")
     if args.tuned:
         from .io import read_json
-        from .tuning import apply_values
+        from .tuning import apply_values, winner_for
 
         sel = read_json(args.tuned)  # a JSON object: checked while parsing (cli_args.json_file)
         if not {"dataset", "partition", "label", "winner"} <= set(sel):
@@ -263,8 +263,9 @@ def cmd_train(args) -> None:
         if (sel["dataset"], sel["partition"], sel["label"]) != (cell["dataset"], cell["partition"], cell["label"]):
             raise ConfigError(f"--tuned {args.tuned} selects for {sel['dataset']}/{sel['partition']}/{sel['label']}, "
                               f"not this cell's {cell['dataset']}/{cell['partition']}/{cell['label']}")
-        cell = apply_values(cell, sel["winner"]["values"]) | {"tuned": {"trial": sel["winner"]["id"],
-                                                                        "values": sel["winner"]["values"]}}
+        winner = winner_for(sel, cell["seed"], args.tuned)  # per_seed: the winner of the cell's own tuning seed
+        cell = apply_values(cell, winner["values"]) | {"tuned": {"trial": winner["id"], "values": winner["values"],
+                                                                 **({"select": sel["select"]} if "select" in sel else {})}}
     train_cell(cell, args.shards, args.out_dir, args.checkpoint, device=args.device, threads=args.threads, cell_key=resolved_key)
 
 
@@ -293,12 +294,14 @@ def cmd_select(args) -> None:
     spec = args.spec
     check.check_select_spec(spec)
     runs = [{"trial": r["trial"], "seed": r["seed"], "metrics": read_metrics(r["metrics"])} for r in spec["runs"]]
-    record = select_winner(spec, runs, spec["metric"])
+    record = select_winner(spec, runs, spec["metric"], spec.get("select", "pooled"))
     record = {k: spec[k] for k in ("dataset", "partition", "label", "method")} | record
     write_json_atomic(args.out, record)
     w = record["winner"]
     print(f"[fedrepro] {spec['dataset']}/{spec['partition']}/{spec['label']}: selected {w['values']} "
           f"(validation score {w['score']:.4f}) of {len(record['trials'])} trial(s)", file=sys.stderr)
+    for seed, w in (record.get("winners_by_seed") or {}).items():
+        print(f"[fedrepro]   {seed}: selected {w['values']} (validation score {w['score']:.4f})", file=sys.stderr)
 
 
 def cmd_tuning_report(args) -> None:
@@ -355,6 +358,8 @@ def cmd_readings(args) -> None:
 
     if (args.check or args.docs) and (args.md or args.html or args.record):
         raise ConfigError("--check and --docs go without --md, --html and --record")
+    if args.complete and not args.check:
+        raise ConfigError("--complete goes with --check")
     if not (args.check or args.docs or args.paper or args.ledger):
         raise ConfigError("give PAPER (or --ledger FILE) with --md/--html/--record, or --check, or --docs FILE")
     if args.docs:
@@ -378,9 +383,16 @@ def cmd_readings(args) -> None:
                     problems += found
                     continue
             found += rd.mark_violations(ledger)
+            pending = rd.incomplete(ledger) if ledger.targets else []
+            if args.complete:
+                found += pending
             problems += found
             print(f"{ledger.rel}: {f'{len(found)} problem(s)' if found else 'ok'}, {len(ledger.readings)} reading(s), "
-                  f"{'measured' if ledger.measured else 'not measured yet'}")
+                  f"{'measured' if ledger.measured else 'not measured yet'}"
+                  f"{f', {len(pending)} entry(ies) not yet measured' if pending else ''}")
+            if pending and not args.complete:
+                for line in pending:
+                    print(f"  not yet measured: {line}")
         for line in problems:
             print(f"fedrepro readings: {line}", file=sys.stderr)
         if problems:
@@ -521,7 +533,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--checkpoint", type=check.output_file, help="checkpoint file (written every training.checkpoint_every rounds)")
     p.add_argument("--device", default="auto", type=check.device, help="auto (CUDA when present), cpu, cuda, cuda:1, ...")
     p.add_argument("--threads", type=check.positive_int, default=None, help="torch CPU threads")
-    p.add_argument("--tuned", type=check.json_file, help="the select rule's JSON: train with its winning hyper-parameters")
+    p.add_argument("--tuned", type=check.json_file, help="the select rule's JSON: train with its winning hyper-parameters "
+                   "(a per_seed selection: those of the cell's own tuning seed)")
     p.set_defaults(func=cmd_train)
 
     p = sub.add_parser("finetune", help="score a fine-tuning row from its base cell's final model",
@@ -549,10 +562,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_pretrain_backbone)
 
     p = sub.add_parser("select", help="pick a method's hyper-parameters from its tuning trials",
-                       description="Score every tuning trial by its validation accuracy (never test data) and write "
-                       "every trial's score and the winner to --out.")
+                       description="Score every tuning trial by its validation score (tuning.metric; never test data) "
+                       "and write every trial's score and the winner (select: per_seed, also each tuning seed's) to --out.")
     p.add_argument("--spec", required=True, type=check.json_object_text, help="JSON: dataset, partition, label, method, "
-                   "space, trials, metric and runs [{trial, seed, metrics}] (the workflow's select rule writes it)")
+                   "space, trials, metric, runs [{trial, seed, metrics}] and optionally select (the workflow's select rule "
+                   "writes it)")
     p.add_argument("--out", required=True, type=check.output_file)
     p.set_defaults(func=cmd_select)
 
@@ -641,7 +655,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--html", type=check.output_file, help="write the ledger as an HTML page")
     p.add_argument("--record", type=check.input_dir, metavar="RESULTS", help="results/<experiment> of the ledger's "
                    "headline experiment: record its values in the ledger")
-    p.add_argument("--check", action="store_true", help="validate the ledgers and their marks in the source")
+    p.add_argument("--check", action="store_true", help="validate the ledgers and their marks in the source; list the "
+                   "entries not yet measured")
+    p.add_argument("--complete", action="store_true", help="with --check: also refuse an entry not yet measured (a "
+                   "'pending:' entry, or an alternative measured over fewer than 3 seeds)")
     p.add_argument("--docs", type=check.existing_file, metavar="FILE", help="rewrite the ledgers between "
                    "<!-- readings:begin --> and <!-- readings:end --> in FILE")
     p.set_defaults(func=cmd_readings)

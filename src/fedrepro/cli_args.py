@@ -227,7 +227,8 @@ def check_cell(cell: dict) -> None:
             raise ConfigError(f"argument --cell: key '{key}' has value {show(cell[key])}; allowed: a mapping")
 
 
-#: The keys of the select rule's --spec (fedrepro.planning.TuningPlan.select_spec) that `fedrepro select` reads.
+#: The keys of the select rule's --spec (fedrepro.planning.TuningPlan.select_spec) that `fedrepro select` reads
+#: (and `select`, optional: tuning.select where it is not pooled).
 SELECT_SPEC_KEYS = ("dataset", "partition", "label", "method", "space", "trials", "metric", "runs")
 
 
@@ -235,7 +236,7 @@ def check_select_spec(spec: dict) -> None:
     """ConfigError (one line) for a `fedrepro select --spec` that is not what the select rule writes:
     a missing key, a key of the wrong type, or a run of a trial the spec does not list."""
     from .registry import ConfigError, show
-    from .tuning import METRIC_MODELS, METRIC_STATS
+    from .tuning import METRIC_MEASURES, METRIC_MODELS, METRIC_STATS, SELECTIONS
 
     missing = [k for k in SELECT_SPEC_KEYS if k not in spec]
     if missing:
@@ -253,8 +254,10 @@ def check_select_spec(spec: dict) -> None:
         need(isinstance(spec[key], str), key, "a string")
     need(isinstance(spec["space"], dict), "space", "a mapping of tuned parameter -> values")
     need(isinstance(spec["metric"], dict) and spec["metric"].get("model") in METRIC_MODELS
-         and spec["metric"].get("stat") in METRIC_STATS, "metric",
-         f"{{model: {' | '.join(METRIC_MODELS)}, stat: {' | '.join(METRIC_STATS)}}}")
+         and spec["metric"].get("stat") in METRIC_STATS and spec["metric"].get("measure", "acc") in METRIC_MEASURES,
+         "metric", f"{{model: {' | '.join(METRIC_MODELS)}, stat: {' | '.join(METRIC_STATS)}, "
+                   f"measure (optional): {' | '.join(METRIC_MEASURES)}}}")
+    need(spec.get("select", "pooled") in SELECTIONS, "select", " | ".join(SELECTIONS))
     need(isinstance(spec["trials"], list) and bool(spec["trials"]), "trials", "a non-empty list of {id, values}")
     for i, t in enumerate(spec["trials"]):
         need(isinstance(t, dict) and isinstance(t.get("id"), str) and isinstance(t.get("values"), dict), f"trials[{i}]",

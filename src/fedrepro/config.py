@@ -31,7 +31,7 @@ from .tracking import TRACKING_DEFAULTS, check_available
 from .overrides import blame, key_path, nested, parse_item
 from .registry import (HARD_NUMBER_MAX, SANITY_MAX, ConfigError, cells_over, large_budgets_allowed, lift_hint, resolve_params,
                        show)
-from .tuning import apply_values, resolve_tuning
+from .tuning import apply_values, resolve_tuning, trial_validation
 
 TRAINING_DEFAULTS: dict[str, Any] = {
     "rounds": 10,
@@ -806,7 +806,7 @@ def _tuning_cells(tuning: dict, cells: list[dict], base_training: dict, datasets
                 # (the values were checked against the method's parameters in fedrepro.tuning)
                 cell = apply_values({k: v for k, v in base.items() if k != "tuned"} | {"seed": seed, "training": t},
                                     trial["values"])
-                out.append({**cell, "trial": trial["id"], "validation": {"from_train": tuning["val_fraction"]}})
+                out.append({**cell, "trial": trial["id"], "validation": trial_validation(tuning)})
     return out
 
 

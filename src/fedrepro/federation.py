@@ -141,14 +141,15 @@ def select(params: Params, prefixes: Iterable[str]) -> Params:
     return {k: v for k, v in params.items() if k.startswith(prefixes)} if prefixes else {}
 
 
-def weighted_average(updates: list[Update], key: str = "params") -> Params:
-    """FedAvg: sum_i (n_i / sum_j n_j) * theta_i over the updates' tensors.
+def weighted_average(updates: list[Update], key: str = "params", total: float | None = None) -> Params:
+    """FedAvg: sum_i (n_i / sum_j n_j) * theta_i over the updates' tensors; with `total`,
+    sum_i (n_i / total) * theta_i (weights that need not sum to 1).
 
     Integer buffers (BatchNorm's num_batches_tracked) cannot be averaged; the maximum is kept.
     """
     if not updates:
         return {}
-    total = float(sum(u.num_samples for u in updates))
+    total = float(sum(u.num_samples for u in updates)) if total is None else float(total)
     payloads = [u.params if key == "params" else u.extras[key] for u in updates]
     out: Params = {}
     for name, ref in payloads[0].items():

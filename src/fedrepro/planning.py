@@ -220,6 +220,8 @@ class TuningPlan:
         spec = {"dataset": wildcards.dataset, "partition": wildcards.partition, "label": wildcards.label,
                 "method": plan["method"], "space": plan["space"], "trials": plan["trials"],
                 "metric": self.tuning["metric"], "runs": runs}
+        if self.tuning.get("select", "pooled") != "pooled":  # only then: the pooled selections' specs stay as they were
+            spec["select"] = self.tuning["select"]
         return json.dumps(spec, sort_keys=True)
 
     def panel_selections(self, wildcards) -> list[str]:

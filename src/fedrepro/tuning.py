@@ -5,7 +5,12 @@ training.optimizer.lr), expanded into trials: the grid, or a seeded random sampl
 its points. A trial is an ordinary training cell whose clients hold out `val_fraction` of
 their TRAINING split as validation (fedrepro.engine.data.carve_validation); the test split
 is never read. `select_winner` picks the trial with the best validation score (the mean
-over the tuning seeds of one aggregate over clients), and the final cells train with it.
+over the tuning seeds of one aggregate over clients), and the final cells train with it;
+with `select: per_seed` each final seed trains with the winner of its own tuning seed.
+The score is a model's accuracy or macro-F1 on each client's own validation split, or, for
+GRP-FED's selection rule (its λ is the one with "the best local test (L)"), on the union of
+the clients' validation splits and its harmonic mean with the own-split score (`union_hm`:
+L on validation data, engine.beyond).
 
 The default spaces (methods/search_spaces.yaml) carry their citations; see
 `fedrepro list methods`.
@@ -33,14 +38,35 @@ TUNING_DEFAULTS: dict[str, Any] = {
     "search": "grid",  # grid | random
     "samples": None,  # random: how many points of the grid (required)
     "sample_seed": 0,  # random: the seed of the sample
+    # measure: acc where not given (not filled in here, so the select specs of existing configs stay as they were)
     "metric": {"model": "auto", "stat": "weighted_mean"},
+    "select": "pooled",  # pooled | per_seed (SELECTIONS)
     "lr": None,  # the shared learning-rate grid; default: search_spaces.yaml's
     "methods": {},  # label -> its own space (replaces the default one; {} = nothing to tune)
 }
-#: The model whose validation accuracy is compared: auto = personalized where the method has one.
-METRIC_MODELS = ("auto", "personal", "global")
+#: The model whose validation score is compared (tuning.metric.model) -> what it is scored on.
+METRIC_MODELS = {
+    "auto": "the personalized model where the method has one, else the global one, on each client's validation split",
+    "personal": "each client's personalized model on its own validation split",
+    "global": "the global model on each client's validation split",
+    "union_global": "the global model on the union of the clients' validation splits",
+    "union_personal": "each client's personalized model on the union of the clients' validation splits (GRP-FED's G)",
+    "union_hm": "per client, the harmonic mean of its own validation score and union_personal (GRP-FED's local test L)",
+}
+#: The models scored on the union of the clients' validation splits: their trials compute it (`trial_validation`).
+UNION_MODELS = ("union_global", "union_personal", "union_hm")
+#: The models only a method with personalized models has.
+PERSONAL_MODELS = ("personal", "union_personal")
+#: The per-client score compared (tuning.metric.measure), as metrics.json names it.
+METRIC_MEASURES = {"acc": "accuracy", "f1": "macro-F1"}
+DEFAULT_MEASURE = "acc"
 #: Aggregates over clients that are "higher is better" (fedrepro.metrics.STATS without std).
 METRIC_STATS = ("weighted_mean", "mean", "worst10", "min", "max")
+#: How the final cells use the trials (tuning.select).
+SELECTIONS = {
+    "pooled": "one winner for every final seed: the best mean score over the tuning seeds",
+    "per_seed": "each final seed trains with the winner of its own tuning seed (tuning.seeds: every seed)",
+}
 LR_PARAM = Param(0.01, "learning rate (training.optimizer.lr)", type=float, exclusive_minimum=0)
 
 
@@ -101,6 +127,45 @@ def _check_space(where: str, space: Any, declared: dict[str, Param]) -> dict[str
     return out
 
 
+def _allowed_names(names) -> str:
+    return ", ".join(repr(n) for n in names)
+
+
+def check_metric(metric: Any) -> dict[str, Any]:
+    """tuning.metric {model, stat, measure}: known keys and values (ConfigError naming the key, the
+    value and what is allowed), the defaults filled in for model and stat only."""
+    allowed = {"model": METRIC_MODELS, "stat": METRIC_STATS, "measure": METRIC_MEASURES}
+    if not isinstance(metric, dict):
+        raise ConfigError(f"config key 'tuning.metric' has value {show(metric)}; allowed: a mapping with keys "
+                          f"{', '.join(allowed)}")
+    unknown = sorted(set(metric) - set(allowed))
+    if unknown:
+        raise ConfigError(f"config key 'tuning.metric': unknown key(s) {show(unknown)}; allowed keys: {', '.join(allowed)}")
+    for key, names in allowed.items():
+        if key in metric and metric[key] not in names:
+            raise ConfigError(f"config key 'tuning.metric.{key}' has value {show(metric[key])}; allowed: one of "
+                              f"{_allowed_names(names)}")
+    return {**TUNING_DEFAULTS["metric"], **metric}
+
+
+def check_metric_fits(metric: dict[str, Any], label: str, method: str) -> None:
+    """ConfigError where the metric's model is one the tuned label's method does not have."""
+    from .methods import METHODS
+
+    if metric["model"] in PERSONAL_MODELS and not METHODS.get(method).has_personal:
+        raise ConfigError(f"config key 'tuning.metric.model' has value {metric['model']!r}, but method label '{label}' "
+                          f"({method}) has no personalized model; allowed: one of "
+                          f"{_allowed_names(m for m in METRIC_MODELS if m not in PERSONAL_MODELS)} for it")
+
+
+def trial_validation(tuning: dict[str, Any]) -> dict[str, Any]:
+    """A trial cell's `validation` entry: the fraction of each client's training split held out,
+    and, where the metric scores the union of the clients' validation splits, `global_test:
+    [union]` (engine.beyond.validation_tests), set only then, so every other trial keeps its hash."""
+    union = tuning["metric"]["model"] in UNION_MODELS
+    return {"from_train": tuning["val_fraction"], **({"global_test": ["union"]} if union else {})}
+
+
 def grid_size(space: dict[str, list]) -> int:
     """The number of points of the grid of `space`: the product of its lists' lengths."""
     return math.prod(len(values) for values in space.values())
@@ -151,7 +216,10 @@ def resolve_tuning(config: dict, methods: dict[str, tuple[str, dict, Any]], decl
         return None
     t = copy.deepcopy(TUNING_DEFAULTS)
     t.update(copy.deepcopy(block))
-    t["metric"] = {**TUNING_DEFAULTS["metric"], **(block.get("metric") or {})}
+    t["metric"] = check_metric(block.get("metric") or {})
+    if t["select"] not in SELECTIONS:
+        raise ConfigError(f"config key 'tuning.select' has value {show(t['select'])}; allowed: one of "
+                          f"{_allowed_names(SELECTIONS)}")
     if t["search"] == "random" and t["samples"] is None:
         raise ConfigError("config key 'tuning.samples' is missing; allowed: an integer >= 1 (the number of grid points "
                           "tuning.search: random draws)")
@@ -159,7 +227,13 @@ def resolve_tuning(config: dict, methods: dict[str, tuple[str, dict, Any]], decl
     if unknown:
         raise ConfigError(f"config key 'tuning.methods' names {show(unknown)}; allowed: the experiment's method labels "
                           f"{sorted(methods)}")
-    tuning_seeds = t["seeds"] if t["seeds"] is not None else seeds[:1]
+    per_seed = t["select"] == "per_seed"
+    tuning_seeds = t["seeds"] if t["seeds"] is not None else (list(seeds) if per_seed else seeds[:1])
+    untuned_seeds = [s for s in seeds if s not in tuning_seeds]
+    if per_seed and untuned_seeds:
+        raise ConfigError(f"config key 'tuning.seeds' has value {show(tuning_seeds)}, without seed(s) {show(untuned_seeds)} "
+                          f"of `seeds`; allowed: every seed of `seeds` {show(list(seeds))} with tuning.select: per_seed "
+                          "(each final seed trains with the winner of its own tuning seed), or leave tuning.seeds unset")
     lr_grid = t["lr"] if t["lr"] is not None else default_spaces()["lr"]["values"]
     _check_space("tuning", {"lr": lr_grid}, {})  # the shared grid: numbers > 0, non-empty
 
@@ -174,6 +248,7 @@ def resolve_tuning(config: dict, methods: dict[str, tuple[str, dict, Any]], decl
                                  declared[method])
         if not space:
             continue  # nothing to tune: the final cells run straight away
+        check_metric_fits(t["metric"], label, method)
         # the number of trials from the lists' lengths, before the grid is built (each trial is a cell per tuning seed)
         count = trial_count(space, t["search"], t["samples"])
         cells = (trials_so_far + count) * max(1, len(tuning_seeds))
@@ -188,7 +263,8 @@ def resolve_tuning(config: dict, methods: dict[str, tuple[str, dict, Any]], decl
         trials = [{"id": trial_id(v), "values": v} for v in trial_points(space, t["search"], t["samples"], t["sample_seed"])]
         labels[label] = {"method": method, "space": space, "trials": trials}
     return {"val_fraction": t["val_fraction"], "seeds": tuning_seeds, "training": t["training"], "metric": t["metric"],
-            "search": t["search"], "samples": t["samples"], "sample_seed": t["sample_seed"], "labels": labels}
+            "select": t["select"], "search": t["search"], "samples": t["samples"], "sample_seed": t["sample_seed"],
+            "labels": labels}
 
 
 def apply_values(cell: dict, values: dict[str, Any]) -> dict:
@@ -203,33 +279,65 @@ def apply_values(cell: dict, values: dict[str, Any]) -> dict:
 
 
 def metric_kind(model: str, summary: dict) -> str:
-    """personal or global: which model's validation accuracy a trial is scored by."""
+    """Which model's validation scores a trial is scored by: auto resolves to personal or global
+    (personalized where the method has one); every other model names itself."""
     if model == "auto":
         return "personal" if "personal_acc" in summary else "global"
     return model
 
 
+def metric_key(metric: dict, summary: dict) -> str:
+    """The summary_val entry a trial is scored by, e.g. personal_acc or union_hm_f1."""
+    return f"{metric_kind(metric['model'], summary)}_{metric.get('measure', DEFAULT_MEASURE)}"
+
+
 def trial_score(metrics: dict, metric: dict) -> float:
     """A trial run's validation score: `metric.stat` over clients of the last round's validation
-    accuracy (`summary_val` in metrics.json). The test split is not read. NaN for a failed run."""
+    score (`summary_val` in metrics.json; `metric.measure`, accuracy by default). The test split is
+    not read. NaN for a failed run."""
     if metrics.get("status") != "ok":
         return math.nan
     summary = metrics.get("summary_val")
     if not summary:
         raise ConfigError(f"metrics of {show(metrics['cell'])} have no validation scores (summary_val); allowed: the "
                           f"metrics.json of a tuning trial (results/<experiment>/tuning/...)")
-    kind = metric_kind(metric["model"], summary)
-    key = f"{kind}_acc"
+    key = metric_key(metric, summary)
     if key not in summary:
+        why = ("a trial scores the union of the validation splits only where its experiment's tuning.metric.model asks "
+               "for it" if metric["model"] in UNION_MODELS else f"allowed: 'auto' or the model the method has")
         raise ConfigError(f"tuning metric model {metric['model']!r}: the run of {show(metrics['cell']['method'])} has no "
-                          f"{kind} model; allowed: 'auto' or the model the method has")
+                          f"{key} in summary_val; {why}")
     v = summary[key][metric["stat"]]
     return math.nan if v is None else float(v)
 
 
-def select_winner(plan: dict, runs: list[dict], metric: dict) -> dict[str, Any]:
+def _best(candidates: list[tuple[dict, float | None]]) -> tuple[dict, float] | None:
+    """The (trial, score) with the highest score (ties: the first in grid order); None if none scored."""
+    best = None
+    for trial, score in candidates:
+        if score is not None and (best is None or score > best[1]):
+            best = (trial, score)
+    return best
+
+
+def seed_winners(trials: list[dict], label: Any) -> dict[str, dict[str, Any]]:
+    """`select: per_seed`: per tuning seed ("seed<k>"), the trial with its best validation score."""
+    seeds = sorted({s for t in trials for s in t["scores"]}, key=lambda s: int(s.removeprefix("seed")))
+    out = {}
+    for seed in seeds:
+        best = _best([(t, t["scores"].get(seed)) for t in trials])
+        if best is None:
+            raise ConfigError(f"every tuning trial of {show(label)} failed (diverged) in tuning {seed}; nothing to select "
+                              "for that seed: allowed: a search space with at least one trial that trains there")
+        out[seed] = {"id": best[0]["id"], "values": best[0]["values"], "score": best[1]}
+    return out
+
+
+def select_winner(plan: dict, runs: list[dict], metric: dict, select: str = "pooled") -> dict[str, Any]:
     """The selection record of one (dataset, partition, label): every trial's validation score per
     tuning seed and their mean, and the winner (highest mean; ties: the first trial in grid order).
+    `select: per_seed` adds each tuning seed's own winner (`winners_by_seed`), what the final cell of
+    that seed trains with (`winner_for`).
 
     plan: {"trials": [{id, values}], ...}; runs: (trial id, seed, metrics.json dict) as dicts
     {"trial", "seed", "metrics"}. Trials whose runs all failed are kept with score None.
@@ -237,19 +345,33 @@ def select_winner(plan: dict, runs: list[dict], metric: dict) -> dict[str, Any]:
     by_trial: dict[str, dict[int, float]] = {t["id"]: {} for t in plan["trials"]}
     for run in runs:
         by_trial[run["trial"]][int(run["seed"])] = trial_score(run["metrics"], metric)
-    trials, best = [], None
+    trials = []
     for t in plan["trials"]:
         scores = by_trial[t["id"]]
         ok = [s for s in scores.values() if not math.isnan(s)]
         score = float(np.mean(ok)) if ok and len(ok) == len(scores) else None  # a failed seed fails the trial
         trials.append({"id": t["id"], "values": t["values"], "score": score,
                        "scores": {f"seed{k}": (None if math.isnan(v) else v) for k, v in sorted(scores.items())}})
-        if score is not None and (best is None or score > best["score"]):
-            best = trials[-1]
+    best = _best([(t, t["score"]) for t in trials])
     if best is None:
         raise ConfigError(f"every tuning trial of {show(plan.get('label'))} failed (diverged); nothing to select: "
                           f"allowed: a search space with at least one trial that trains (lower the learning rates)")
     kinds = {metric_kind(metric["model"], r["metrics"]["summary_val"]) for r in runs if r["metrics"].get("status") == "ok"}
-    return {"schema": "fedrepro.tuning/1", "metric": {**metric, "model_used": sorted(kinds), "split": "val"},
-            "params": sorted(plan["space"]), "space": plan["space"], "trials": trials,
-            "winner": {"id": best["id"], "values": best["values"], "score": best["score"]}}
+    record = {"schema": "fedrepro.tuning/1", "metric": {**metric, "model_used": sorted(kinds), "split": "val"},
+              "params": sorted(plan["space"]), "space": plan["space"], "trials": trials,
+              "winner": {"id": best[0]["id"], "values": best[0]["values"], "score": best[1]}}
+    if select == "per_seed":
+        record |= {"select": select, "winners_by_seed": seed_winners(trials, plan.get("label"))}
+    return record
+
+
+def winner_for(selection: dict[str, Any], seed: int, where: str) -> dict[str, Any]:
+    """The winner a final cell of `seed` trains with: its own tuning seed's (a per_seed selection),
+    else the selection's one winner. `where`: the selection file, for the error."""
+    if selection.get("select") != "per_seed":
+        return selection["winner"]
+    winners = selection.get("winners_by_seed") or {}
+    if f"seed{seed}" not in winners:
+        raise ConfigError(f"argument --tuned: {where} selects per seed for seeds {show(sorted(winners))}, not this cell's "
+                          f"seed {seed}; allowed: a selection whose tuning seeds hold every final seed")
+    return winners[f"seed{seed}"]

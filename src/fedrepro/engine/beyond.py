@@ -6,7 +6,10 @@ average of the personalized models, for a method without one) and with the metho
 new-client personalization; global test sets (the union of the clients' test splits, the
 dataset's official test set) are scored with the global model, every client's personalized
 model (GRP-FED's generalization G) and the harmonic mean of G and the client's own score
-(GRP-FED's L). Every function takes the cell (engine.py's `Engine`).
+(GRP-FED's L). A tuning trial selected by L (tuning.metric.model union_hm) scores the same on
+validation data instead: the union of the clients' validation splits and each client's own
+validation score (`validation_tests`), never test data. Every function takes the cell
+(engine.py's `Engine`).
 """
 
 from __future__ import annotations
@@ -36,6 +39,26 @@ def global_tests(engine) -> dict[str, Split]:
     return out
 
 
+#: evaluate_beyond's key prefix of the scores on validation data: metrics.json files them under
+#: summary_val / final_val (record.build_metrics), where tuning reads, never beside the test scores.
+VAL_PREFIX = "val:"
+
+#: The validation analogues of the global test sets (cell `validation.global_test`), each from the
+#: clients' validation splits alone. The official test set has none: no client holds part of it.
+VALIDATION_TESTS = {
+    "union": lambda engine: Split(engine.scoring.pooled("val"), torch.cat([c.val.y for c in engine.clients])),
+}
+
+
+def validation_tests(engine) -> dict[str, Split]:
+    """The validation sets the cell asks for (a tuning trial scored on the union of the clients'
+    validation splits, fedrepro.tuning.trial_validation); none for any other cell."""
+    names = (engine.cell.get("validation") or {}).get("global_test") or []
+    if names and not any(len(c.val) for c in engine.clients):
+        raise ValueError(f"validation.global_test {names} needs validation splits; the clients have none")
+    return {name: VALIDATION_TESTS[name](engine) for name in names}
+
+
 def mean_personal(engine, personal_models: list[Params | None]) -> Params:
     """The train-size-weighted average of the clients' personalized models (None: an excluded
     client): the "global model" of a method that has none (FedCRC's Table II protocol for
@@ -49,23 +72,49 @@ def score_clients(engine, params: Params, clients: list[Client]) -> dict[str, li
     return {"acc": [s[0] for s in got], "f1": [s[1] for s in got]}
 
 
+def score_test_set(engine, data: Split, own: dict[str, list[float]], personal_models: list[Params | None],
+                   hows: list[str]) -> dict[str, dict[str, list[float]]]:
+    """One global test set's scores by kind: global (the global model, or for a method without one
+    the average of the personalized models' softmax outputs), personal (each client's personalized
+    model: GRP-FED's G) and hm (per client, the harmonic mean of `own`, its score on its own split of
+    the same kind of data, and G: GRP-FED's L)."""
+    method, out = engine.method, {}
+    y = data.y.cpu().numpy()
+    outputs = [None if p is None else probs(engine, p, data.x) for p in personal_models]
+    if method.has_global:
+        g_pred = predict(engine, method.global_params(), data.x)
+    else:
+        g_pred = torch.stack([pr for pr in outputs if pr is not None]).mean(0).argmax(1).cpu().numpy()
+    acc, f1 = accuracy(y, g_pred), macro_f1(y, g_pred)
+    out["global"] = {"acc": [acc], "f1": [f1]}
+    if personal_models:
+        gen = [NO_SCORE if pr is None else (accuracy(y, pr.argmax(1).cpu().numpy()), macro_f1(y, pr.argmax(1).cpu().numpy()))
+               for pr in outputs]
+        out["personal"] = {"acc": [s[0] for s in gen], "f1": [s[1] for s in gen]}
+    else:  # a global-only method: every client's model is the global one (GRP-FED's G)
+        gen = [NO_SCORE if how == "excluded" else (acc, f1) for how in hows]
+    out["hm"] = {m: [harmonic_mean(p, g[i]) for p, g in zip(own[m], gen)] for i, m in enumerate(("acc", "f1"))}
+    return out
+
+
 def evaluate_beyond(engine, record: dict[str, Any]) -> dict[str, Any]:
     """After the last round (`record`: its evaluation): unseen clients and global test data.
 
     * unseen/global: the global model (or, for a method without one, the average of the
       personalized models) on each unseen client's test split; unseen/personal: the
       method's personalization of the unseen client (`Method.personalize_unseen`).
-    * <test set>/global: the global model on the global test set (for a method without
-      one, the average of the personalized models' softmax outputs, GRP-FED's protocol
-      for Local and LG-FedAvg); <test set>/personal: every client's personalized model on
-      it (GRP-FED's generalization G); <test set>/hm: per client, the harmonic mean of its
-      own-test score P and G (GRP-FED's L).
+    * <test set>/global, <test set>/personal, <test set>/hm: `score_test_set` on each global
+      test set, the harmonic mean with each client's own-test score P (GRP-FED's L).
+    * val:<set>/global, .../personal, .../hm: the same on each validation set the cell asks for
+      (`validation_tests`), the harmonic mean with each client's own VALIDATION score: GRP-FED's
+      L on validation data, what tuning selects by (tuning.metric.model union_hm).
     """
     method, out = engine.method, {}
     hows = [scored_by(engine, c) for c in engine.clients]  # after the last round, as in its evaluation
+    tests, val_tests = global_tests(engine), validation_tests(engine)
     # the clients' personalized models (None: excluded by the untrained rule), computed once, when needed
     personal_models: list[Params | None] = []
-    if method.has_personal and ((engine.unseen and not method.has_global) or engine.training["global_test"]):
+    if method.has_personal and ((engine.unseen and not method.has_global) or tests or val_tests):
         personal_models = [personal_model(engine, c, how) for c, how in zip(engine.clients, hows)]
     if engine.unseen:
         g = method.global_params() if method.has_global else mean_personal(engine, personal_models)
@@ -73,24 +122,9 @@ def evaluate_beyond(engine, record: dict[str, Any]) -> dict[str, Any]:
         if method.has_personal:
             got = [scores(c.test.y, predict(engine, personal(engine, c, "unseen-batches"), c.test.x)) for c in engine.unseen]
             out["unseen/personal"] = {"acc": [s[0] for s in got], "f1": [s[1] for s in got]}
-    tests = global_tests(engine)
-    if not tests:
-        return out
-    own = record["test/personal" if method.has_personal else "test/global"]
-    for name, data in tests.items():
-        y = data.y.cpu().numpy()
-        outputs = [None if p is None else probs(engine, p, data.x) for p in personal_models]
-        if method.has_global:
-            g_pred = predict(engine, method.global_params(), data.x)
-        else:
-            g_pred = torch.stack([pr for pr in outputs if pr is not None]).mean(0).argmax(1).cpu().numpy()
-        acc, f1 = accuracy(y, g_pred), macro_f1(y, g_pred)
-        out[f"{name}/global"] = {"acc": [acc], "f1": [f1]}
-        if personal_models:
-            gen = [NO_SCORE if pr is None else (accuracy(y, pr.argmax(1).cpu().numpy()), macro_f1(y, pr.argmax(1).cpu().numpy()))
-                   for pr in outputs]
-            out[f"{name}/personal"] = {"acc": [s[0] for s in gen], "f1": [s[1] for s in gen]}
-        else:  # a global-only method: every client's model is the global one (GRP-FED's G)
-            gen = [NO_SCORE if how == "excluded" else (acc, f1) for how in hows]
-        out[f"{name}/hm"] = {m: [harmonic_mean(p, g[i]) for p, g in zip(own[m], gen)] for i, m in enumerate(("acc", "f1"))}
+    own_kind = "personal" if method.has_personal else "global"
+    for prefix, split, sets in (("", "test", tests), (VAL_PREFIX, "val", val_tests)):
+        for name, data in sets.items():
+            scored = score_test_set(engine, data, record[f"{split}/{own_kind}"], personal_models, hows)
+            out.update({f"{prefix}{name}/{kind}": values for kind, values in scored.items()})
     return out

@@ -16,6 +16,7 @@ import numpy as np
 
 from ..custody import METRICS_SCHEMA
 from ..metrics import STATS, summarize, type_summary
+from .beyond import VAL_PREFIX
 from .data import Client
 
 
@@ -61,7 +62,9 @@ def build_metrics(cell: dict, clients: list[Client], history: list[dict], per_ro
     test_sizes = [len(c.test) for c in clients]
     val_sizes = [len(c.val) for c in clients]
     unseen = unseen or []
-    beyond = beyond or {}
+    # the beyond-scores on validation data (a tuning trial's union of validation splits) go to summary_val only
+    beyond_val = {k.removeprefix(VAL_PREFIX): v for k, v in (beyond or {}).items() if k.startswith(VAL_PREFIX)}
+    beyond = {k: v for k, v in (beyond or {}).items() if not k.startswith(VAL_PREFIX)}
     last = history[-1]
     final = {kind: ({m: _clean(last[f"test/{kind}"][m]) for m in ("acc", "f1")} if f"test/{kind}" in last else None)
              for kind in ("global", "personal")}
@@ -91,6 +94,12 @@ def build_metrics(cell: dict, clients: list[Client], history: list[dict], per_ro
         summary_val = {k: _clean_stats(v) for k, v in summaries(last, "val", val_sizes).items()}
         final_val = {kind: ({m: _clean(last[f"val/{kind}"][m]) for m in ("acc", "f1")} if f"val/{kind}" in last else None)
                      for kind in ("global", "personal")}
+        # <validation set>_{global,personal,hm} over the federation's clients, weighted equally as their test twins
+        for key, values in beyond_val.items():
+            where, kind = key.split("/")
+            final_val[f"{where}_{kind}"] = {m: _clean(values[m]) for m in ("acc", "f1")}
+            for m in ("acc", "f1"):
+                summary_val[f"{where}_{kind}_{m}"] = _clean_stats(summarize(values[m], [1] * len(values[m])))
         kind = "personal" if "val/personal" in last else "global"
         val_acc = [summarize(h[f"val/{kind}"]["acc"], val_sizes)["weighted_mean"] for h in history]
         best = int(np.nanargmax(val_acc))

@@ -10,7 +10,8 @@
 * `beta_at`               the beta schedule: paper beta_r = delta (1 - gamma^(r-1)), gamma = 0.5;
                           code beta_r = delta (1 - 0.9^r);
 * `fedgr_weights`         w_k ∝ p_k (L_k^(1-beta) L~_g(k)^beta)^(q+1), L~_g the plain mean loss
-                          of group g (Eq. 3; the code's data-size weighted mean behind `group_loss`).
+                          of group g (Eq. 3; the code's data-size weighted mean behind `group_loss`),
+                          normalised to sum 1 (the code's) or not (Algorithm 1's sum).
 """
 
 from __future__ import annotations
@@ -84,12 +85,13 @@ def beta_at(round: int, schedule: str = "paper", delta: float = 0.5, gamma: floa
 
 
 def fedgr_weights(losses: Sequence[float], sizes: Sequence[float], groups: Sequence[int], beta: float,
-                  q: float, group_loss: str = "mean") -> torch.Tensor:
+                  q: float, group_loss: str = "mean", normalized: bool = True) -> torch.Tensor:
     """w_k = p_k (L_k^(1-beta) L~_g(k)^beta)^(q+1) / normaliser, p_k = n_k / n. The group loss
     L~_g is the plain mean over the group's clients, (1/N_g) sum_{k in g} L_k (`group_loss: mean`,
     the paper's Eq. 3 and Algorithm 1 line 8); `size_weighted` is the code's
     sum_{k in g} p_k L_k / sum_{k in g} p_k (utils/util.py `communication`: gloss += loss * client_weights).
-    Computed in log space (float64)."""
+    The normaliser is sum_k of the numerators (the code's); `normalized` False leaves it out, as
+    Algorithm 1 writes theta^r = sum omega_ij (L'_ij)^(q+1) theta_ij. Computed in log space (float64)."""
     if group_loss not in GROUP_LOSSES:
         raise ValueError(f"group_loss {group_loss!r}; allowed: {', '.join(GROUP_LOSSES)}")
     loss = torch.as_tensor(losses, dtype=torch.float64).clamp(min=1e-10)
@@ -100,4 +102,4 @@ def fedgr_weights(losses: Sequence[float], sizes: Sequence[float], groups: Seque
     group_mean = torch.zeros(int(g.max()) + 1, dtype=torch.float64).index_add_(0, g, within * loss)
     group_mean = group_mean / torch.zeros_like(group_mean).index_add_(0, g, within)
     scores = p.log() + (q + 1) * ((1 - beta) * loss.log() + beta * group_mean[g].log())
-    return torch.softmax(scores, 0)
+    return torch.softmax(scores, 0) if normalized else scores.exp()

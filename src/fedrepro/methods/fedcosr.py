@@ -10,7 +10,8 @@ Algorithm 1 (representation layers phi = "extractor.", projection layer pi = "he
        first participation: phi_hat = phi^G and alpha = 0                  (lines 4-6)
     2. train theta_hat on CE + alpha * InfoNCE (Eq. 14-15); for a sample of class c,
        InfoNCE = -log softmax_c( cos(w, w^G_k) / tau_CL ) over the classes k with a global
-       centroid (positive: its own class, negatives: the others; centroids are constants)
+       centroid (positive: its own class; `negatives: centroids` [RECON]: the others, Definition 2;
+       'with_batch' adds the batch's samples of other classes; centroids are constants)
     3. upload phi_i and the class centroids w^i_c = mean representation of class c, with |D^i_c|.
 
 Readings (../shared/reference/methods.md §4; each marked one is a hyper-parameter below with an entry
@@ -56,12 +57,17 @@ from .base import Method, Params, Update, select, weighted_average
 
 
 def info_nce(z: torch.Tensor, y: torch.Tensor, centroids: torch.Tensor, present: torch.Tensor,
-             tau_cl: float) -> tuple[torch.Tensor, torch.Tensor]:
+             tau_cl: float, batch_negatives: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """Eq. 13: the mean over the samples whose class has a global centroid (the others have no
     positive) of -log exp(cos(z, w_y)/tau_cl) / sum_{k present} exp(cos(z, w_k)/tau_cl), and the
-    number of such samples (0: the mean is 0). Needs a present class; no host sync."""
+    number of such samples (0: the mean is 0). With `batch_negatives`, the denominator also sums
+    exp(cos(z, z_m)/tau_cl) over the batch's samples m of another class (gradient through both).
+    Needs a present class; no host sync."""
     keep = present[y]
-    sim = (F.normalize(z, dim=1) @ F.normalize(centroids, dim=1).T / tau_cl).masked_fill(~present, float("-inf"))
+    u = F.normalize(z, dim=1)
+    sim = (u @ F.normalize(centroids, dim=1).T / tau_cl).masked_fill(~present, float("-inf"))
+    if batch_negatives:  # columns after the classes: the batch's other-class samples
+        sim = torch.cat([sim, (u @ u.T / tau_cl).masked_fill(y[:, None] == y[None, :], float("-inf"))], dim=1)
     nll = F.cross_entropy(sim, torch.where(keep, y, present.int().argmax()), reduction="none")  # finite everywhere
     n = keep.sum()
     return torch.where(keep, nll, 0.0).sum() / n.clamp(min=1), n
@@ -97,6 +103,11 @@ class FedCoSR(Method):
                                               "(Algorithm 1's output; PFLlib evaluates after sending), 'trained' = "
                                               "the model after the last local training", str,
                                 choices=("aggregated", "trained")),
+        "negatives": Param("centroids", "[RECON] reconstructed: the InfoNCE's negatives (Eq. 13): 'centroids' = the "
+                                        "other classes' global label centroids (Definition 2: '|C| - 1 negative pairs'); "
+                                        "'with_batch' = those plus the batch's samples of another class (§III-C3: 'a "
+                                        "larger b means more negative instances are utilized')", str,
+                           choices=("centroids", "with_batch")),
         "local_aggregation": Param(True, "loss-wise local aggregation (Eq. 7-8); false = ablation 'w/o LA' (Fig. 8): "
                                          "start from the global representation layers", bool),
         "split": Param(True, "share only the representation layers (Sec. III-C1); false = ablation 'w/o Sep' "
@@ -140,7 +151,8 @@ class FedCoSR(Method):
             loss = F.cross_entropy(batch.logits, batch.y)
             if contrast:  # measured also when alpha = 0: it sets the next tau
                 z = batch.features if alpha else batch.features.detach()
-                reg, n = info_nce(z, batch.y, table["protos"], table["present"], hp["tau_cl"])
+                reg, n = info_nce(z, batch.y, table["protos"], table["present"], hp["tau_cl"],
+                                  hp["negatives"] == "with_batch")
                 regs.append((reg.detach(), n))
                 loss = loss + alpha * reg if alpha else loss
             if hp["centroids"] == "train":

@@ -18,8 +18,10 @@ Client i, given the global extractor f_g^t and global predictor h_g^t:
 Server: f_g^{t+1} = sum_i (n_i / n) f_gi' (eq. 3; FedAvg over the sampled clients, BatchNorm
 buffers included where a model has them, methods.md §1.3); h_g' = sum_i (n_i / n) h_gi
 (eq. 8); h_g^{t+1} = tau h_g^t + (1 - tau) h_g' (eq. 9, tau = 0.99, §IV-A3).
-The paper writes N = sum over all M clients in eqs. (3)/(8); weights are normalised over
-the clients actually aggregated (the paper's m models; spec §1.3), else they would not sum to 1.
+The paper writes N = sum over all M clients in eqs. (3)/(8); `weight_norm: sampled` [RECON]
+normalises the weights over the clients actually aggregated (the paper's m models, its "model
+averaging aggregation"; spec §1.3), else they would not sum to 1; 'all_clients' divides by the
+federation's N literally.
 
 Columns: "(global)" = FedCRC = f_g + h_g; "(personal)" = FedCRC-Per = the current f_g + the
 client's h_i (§IV-B; methods.md §1.6). Steps 2-3 train only the last layer on a frozen
@@ -79,6 +81,12 @@ class FedCRC(Method):
                                       "(eval mode, no augmentation; methods.md §1.2 'features can be cached'); false = "
                                       "per-batch forward through the frozen extractor (augmented, train mode: BatchNorm "
                                       "running statistics, where a model keeps them, then still move)", bool),
+        "weight_norm": Param("sampled", "[RECON] reconstructed: the N of eqs. 3 and 8, omega_g = sum_{i=1}^m |D_i| / N "
+                                        "omega_i: 'sampled' = the m aggregated clients' samples, weights summing to 1 "
+                                        "('performs model averaging aggregation', §III-A; methods.md §1.3); "
+                                        "'all_clients' = eq. 1's N = sum_i |D_i| over all M clients of the federation, "
+                                        "literally (the weights then sum to about the sampled fraction)",
+                             str, choices=("sampled", "all_clients")),
     }
 
     def setup(self):
@@ -134,10 +142,16 @@ class FedCRC(Method):
     def aggregate(self, updates):
         if not updates:
             return
-        old, avg = self.server["global"], weighted_average(updates)
+        old, avg = self.server["global"], weighted_average(updates, total=self.weight_total())
         tau = self.hp["tau"]
         ema = {k: tau * old[k] + (1 - tau) * v for k, v in select(avg, ("head.",)).items() if v.is_floating_point()}
         self.server["global"] = {**old, **avg, **ema}
+
+    def weight_total(self) -> float | None:
+        """N of eqs. 3 and 8 (`weight_norm`): None = the aggregated clients' samples."""
+        if self.hp["weight_norm"] == "sampled":
+            return None
+        return float(sum(c.num_train for c in self.engine.clients))
 
     # -- evaluation -------------------------------------------------------------------
     def local_head(self, client, global_params: Params) -> Params:

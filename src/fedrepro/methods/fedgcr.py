@@ -15,7 +15,7 @@ Round r, every client k (full participation):
   3. uploads theta_k, L_k and h~_k = class-balanced mean of h over its train split (Eq. 4).
 The server clusters the h~_k with a GMM into T' groups (centres H^r = plain means), sets
 beta_r = delta (1 - gamma^(r-1)) and theta^r = sum_k w_k theta_k with
-w_k ∝ p_k (L_k^(1-beta) L~_g(k)^beta)^(q+1) (FedGR, Eq. 3; `_fedgr.py`).
+w_k ∝ p_k (L_k^(1-beta) L~_g(k)^beta)^(q+1) (FedGR, Eq. 3; `_fedgr.py`), normalised to sum 1.
 
 Choices (methods.md §5; each marked option is a hyper-parameter with a ledger entry in
 config/papers/published/readings/fedgcr.yaml):
@@ -33,17 +33,26 @@ config/papers/published/readings/fedgcr.yaml):
   is the code's: CE of the received global model on the whole train split (the code measures it
   right after aggregation, `federated/train.py:364-368`, Ea_k = int(100 / L_k), and uses it in the
   next aggregation); L_k is not quantised and round 1 uses the measured loss (the code: 1.0).
+- L_k is a per-sample mean (`loss_reduction: mean`, the code's mean CE). [PAPER≠CODE]
+  `loss_reduction: sum` is Eq. 2's L_k = sum over the client's samples, the L that Algorithm 1
+  accumulates over D: n_k times the mean (the last epoch's sum at the paper's M = 1).
+- The FedGR weights are normalised to sum 1 (`aggregation: normalized`, the code's, utils/util.py
+  communication; Eq. 3's "aggregation weights" generalise Eq. 1's data proportions).
+  [PAPER≠CODE] `aggregation: unnormalized` is Algorithm 1's theta^r = sum omega_ij (L'_ij)^(q+1) theta_ij
+  as written: the mix then scales the model by sum_k w_k, which need not be 1.
 - The group loss L~_i is the plain mean over the group's clients (Eq. 3, Algorithm 1 line 8;
   `group_loss: mean`). [PAPER≠CODE] `group_loss: size_weighted` is the code's data-size weighted
   mean (`utils/util.py:1129-1137`).
-- The head phi: the paper names "another MLP classification head" (§Model Design) and gives no
-  layers; its footnote says Fig. 2 mirrors Dosovitskiy et al. (2021), whose fine-tuning "MLP head"
-  is a single linear layer, and the code's default is the linear head (`nonlinear_classifier:
-  False`, `domainbed/hparams_registry.py:39`). So `head: linear` keeps the model's Linear(d, C)
-  (the default since issue 35). `head: mlp` [RECON] is the over-read before issue 35: the code's
-  optional DomainBed `Classifier(d, C, is_nonlinear=True)` = Linear(d, d/2) ReLU Linear(d/2, d/4)
-  ReLU Linear(d/4, C) (`utils/networks.py:275-283`), trained from scratch. The FedGR-only
-  ablation keeps the baselines' linear head (the code's mode 'ablation' runs the baselines' VPT model).
+- The head phi: `head: linear` [PAPER≠CODE] departs from the paper's words, which say MLP:
+  "another MLP classification head" (§Model Design), "then by MLP" (Fig. 2's caption) and
+  MLP(phi, z) (Algorithm 1), with no layers given. Linear is supported by the footnote (Fig. 2
+  "mirrors Dosovitskiy et al. (2021)", whose "MLP head" is a single linear layer at fine-tuning)
+  and by the code's default (`nonlinear_classifier: False`, `domainbed/hparams_registry.py:39`), so
+  `head: linear` keeps the model's Linear(d, C) (the default since issue 35). `head: mlp` [RECON]
+  takes the paper's word with the code's optional DomainBed `Classifier(d, C, is_nonlinear=True)`
+  = Linear(d, d/2) ReLU Linear(d/2, d/4) ReLU Linear(d/4, C) (`utils/networks.py:275-283`), trained
+  from scratch. The FedGR-only ablation keeps the baselines' linear head (the code's mode
+  'ablation' runs the baselines' VPT model).
 - One fresh optimizer per round from `training.optimizer` (paper: AdamW, lr 1e-3); the code keeps a
   per-client AdamW with prompt lr 1e-2 across rounds.
 - Ablations (Table 5): `group_customization: false` is FedGR only: no GC-Net (the model's
@@ -71,6 +80,8 @@ from .moon import model_contrastive_loss
 MESSAGE = "fedgcr/"  # payload entries that are not model parameters (cluster centres, cluster id)
 LOSS_FORMS = ("paper", "code_compat")
 HEADS = ("mlp", "linear")
+AGGREGATIONS = ("normalized", "unnormalized")
+LOSS_REDUCTIONS = ("mean", "sum")
 CODE_W_CON, CODE_RA_WEIGHT = 0.1, 0.5  # the code's w_con and its 0.5 on l_RA
 
 
@@ -120,12 +131,13 @@ class FedGCR(LossWeighted):
         "covariance": COVARIANCE_PARAM,
         "reg_covar": Param(1e-6, "[RECON] GMM reg_covar (scikit-learn's default 1e-6, kept >= 1e-6 for a stable fit)",
                            float, minimum=1e-6, maximum=1.0),
-        "head": Param("linear", "classification head phi with the GC-Net: 'linear' = the model's Linear(d, C): the paper's "
-                                "'another MLP classification head' with the ViT's fine-tuning head of Dosovitskiy et al. "
-                                "(one linear layer; the paper's Fig. 2 footnote), and the code's default "
-                                "(nonlinear_classifier False); [RECON] 'mlp' = Linear(d, d/2) ReLU Linear(d/2, d/4) ReLU "
-                                "Linear(d/4, C), the code's optional DomainBed nonlinear Classifier (the default before "
-                                "issue 35). FedGR only (group_customization false) keeps the linear head",
+        "head": Param("linear", "classification head phi with the GC-Net: [PAPER≠CODE] 'linear' = the model's Linear(d, C): "
+                                "it departs from the paper's words ('MLP' for the head, in Fig. 2's caption and in Algorithm "
+                                "1's MLP(phi, z)); its footnote's ViT of Dosovitskiy et al. (whose fine-tuning 'MLP head' is "
+                                "one linear layer) and the code's default (nonlinear_classifier False) support it; [RECON] "
+                                "'mlp' = Linear(d, d/2) ReLU Linear(d/2, d/4) ReLU Linear(d/4, C), the code's optional "
+                                "DomainBed nonlinear Classifier (the default before issue 35). FedGR only "
+                                "(group_customization false) keeps the linear head",
                       str, choices=HEADS),
         "representation_at": Param("trained", "[RECON] reconstructed: the model the client representation h~_k (Eq. 4) "
                                               "is computed with, over the whole train split: 'trained' = the client's model "
@@ -139,6 +151,14 @@ class FedGCR(LossWeighted):
         "group_loss": Param("mean", "L~_i of Eq. 3: 'mean' = plain mean of L_k over the group's clients (paper Eq. 3, "
                                     "Algorithm 1); [PAPER≠CODE] 'size_weighted' = mean weighted by the clients' data sizes "
                                     "(the code's utils/util.py communication)", str, choices=GROUP_LOSSES),
+        "loss_reduction": Param("mean", "[PAPER≠CODE] the scale of the reported L_k: 'mean' = per sample (the code's mean CE); "
+                                        "'sum' = summed over the client's train samples, n_k times the mean (Eq. 2's "
+                                        "L_k = sum over D_k, the L Algorithm 1 accumulates over D; exact at its M = 1 epoch)",
+                                str, choices=LOSS_REDUCTIONS),
+        "aggregation": Param("normalized", "[PAPER≠CODE] the FedGR weights of theta^r = sum_k w_k theta_k: 'normalized' = divided "
+                                           "by their sum (the code's utils/util.py communication); 'unnormalized' = "
+                                           "Algorithm 1's sum omega_ij (L'_ij)^(q+1) theta_ij as written, which scales the "
+                                           "model by sum_k w_k (group_reweighting only)", str, choices=AGGREGATIONS),
         "loss_at": Param("train", "which loss L_k a client reports: 'train' = running mean of its local training loss "
                                   "(paper Algorithm 1: LocalUpdate returns L); [PAPER≠CODE] 'start' = CE of the received "
                                   "global model on its whole train split (the code's post-aggregation train loss, "
@@ -200,7 +220,8 @@ class FedGCR(LossWeighted):
         sizes = self.sizes(updates)
         if self.hp["group_reweighting"]:
             beta = beta_at(r, self.hp["beta_schedule"], self.hp["delta"], self.hp["gamma"])
-            weights = fedgr_weights(self.losses(updates), sizes, labels, beta, self.hp["q"], self.hp["group_loss"])
+            weights = fedgr_weights(self.losses(updates), sizes, labels, beta, self.hp["q"], self.hp["group_loss"],
+                                    normalized=self.hp["aggregation"] == "normalized")
         else:
             weights = torch.as_tensor(sizes, dtype=torch.float64) / sum(sizes)
         self.server["global"] = {**self.server["global"], **mix(updates, weights)}
@@ -254,8 +275,11 @@ class FedGCR(LossWeighted):
         return self._update(client, train_loss, start, rep)
 
     def _update(self, client, train_loss, start, rep):
+        reported = train_loss if start is None else start
+        if self.hp["loss_reduction"] == "sum":  # Eq. 2: L_k sums the loss over the client's samples
+            reported *= client.num_train
         return Update(client.id, client.num_train, self.engine.get_params(self.shared),
-                      extras={"rep": rep, "loss": train_loss if start is None else start}, loss=train_loss)
+                      extras={"rep": rep, "loss": reported}, loss=train_loss)
 
     def _loss_weights(self) -> tuple[float, float, float]:
         """(weight of l_GC, weight of l_RA, temperature of l_RA) for this round."""

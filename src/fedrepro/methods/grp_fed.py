@@ -12,9 +12,10 @@ on the client and never uploaded. F_l^0 := F_g^0 (`local_init` [RECON]); D^0 is 
 Server (Algorithm 1, lines 1-14), power q_0 = 10:
   for t = 1..T: sample S_t; each k in S_t runs Client(F_g, C_g) and returns (F_g,k, C_g,k, L_k);
     adaptive power (§3.2), `q_update: before`: sigma_t = std_k L_k of this round's losses;
-      q_t = q_(t-1) + alpha if sigma_t > sigma_(t-1), else max(0, q_(t-1) - alpha)
-      (the first round has no sigma_0: q stays q_0); "Finally" the models are aggregated with
-      this q_t. `q_update: after` [RECON] applies the adjusted q one round late (before issue 35);
+      q_t = q_(t-1) + alpha if sigma_t > sigma_ref, else max(0, q_(t-1) - alpha), with
+      `sigma_compare: previous` [RECON] sigma_ref = sigma_(t-1) ('running_mean': the mean of
+      sigma_1..sigma_(t-1)); the first round has no sigma_0: q stays q_0; "Finally" the models are
+      aggregated with this q_t. `q_update: after` [RECON] applies the adjusted q one round late (before issue 35);
     adaptive aggregation (§3.2: "aggregating all trained global models, weighted by the global
       training loss and the adaptive power q"; §3.4: "p is updated from the adaptive power q and
       the global training loss"), `aggregation: power` [RECON] (the equation is missing from the text):
@@ -27,11 +28,15 @@ Server (Algorithm 1, lines 1-14), power q_0 = 10:
       c = 1 / (1 + sum_j p_j q_t L ||w - w_j||^2 / L_j): the same clients weighted, the step
       shortened (c = 0.14-0.28 on grp_fed_cpu; the default of issues 26-34).
 
-Client k (lines 16-39), for E epochs, per batch (x, y):
+Client k (lines 16-39), for E epochs (the cell's local_epochs; E is lost in the text), per batch (x, y):
   1. global training:  z_g = F_g(x), L_g = CE(C_g(z_g), y); one SGD step on F_g and C_g;
-  2. local training:   z_l = F_l(x), L_l = lam CE(C_g(z_l), y) + (1 - lam) BCE(D(z_l), 1) (`lam` [RECON]);
+  2. local training:   z_l = F_l(x), L_l = lam CE(C_g(z_l), y) + (1 - lam) A(D(z_l)) (`lam` [RECON]),
+                       A = BCE(., 1), the non-saturating form (`adv_loss: non_saturating` [RECON];
+                       'minimax': A = -BCE(., 0), i.e. minimise log(1 - D(z_l)));
                        one SGD step on F_l only (C_g fixed: "we fix the classifier with C_g
-                       during the local training"; D fixed: F_l learns to fool D);
+                       during the local training"; D fixed: F_l learns to fool D); C_g is the
+                       client's current copy, just updated in step 1 (`local_classifier: current` [RECON];
+                       'received': the C_g the client received, held for the whole round);
   3. discriminator:    L_D = BCE(D(z_g), 1) + BCE(D(z_l), 0) with z_g, z_l of this batch detached
                        (F_g, F_l fixed); one SGD step on D only.
   L_k = the global training loss: "after returning all trained F_g, C and global training loss"
@@ -41,7 +46,6 @@ Client k (lines 16-39), for E epochs, per batch (x, y):
   Upload (F_g, C_g, L_k); F_l and D stay on the client.
 
 Evaluation: global = F_g + C_g; personal = F_l + the current global C_g (paper §3.4, local test).
-C_g in step 2 is the client's current copy of the global classifier (just updated in step 1).
 All three parts use the cell's optimizer (paper: SGD, lr 5e-3, momentum 0.9), fresh each round.
 """
 
@@ -68,17 +72,33 @@ def make_discriminator(feature_dim: int, hidden: int) -> nn.Module:
 
 
 def next_power(q: float, std: float, prev_std: float, alpha: float) -> float:
-    """GRP-FED's adaptive power: q + alpha if the losses' std grew (fairness got worse),
-    else max(0, q - alpha); unchanged when there is no previous std (the first round)."""
+    """GRP-FED's adaptive power: q + alpha if the losses' std grew above its reference `prev_std`
+    (fairness got worse), else max(0, q - alpha); unchanged when there is no reference (the first round)."""
     if prev_std is None or math.isnan(prev_std):
         return q
     return q + alpha if std > prev_std else max(0.0, q - alpha)
 
 
-def local_extractor_loss(logits: torch.Tensor, y: torch.Tensor, d_local: torch.Tensor, lam: float) -> torch.Tensor:
-    """lam * CE(C_g(z_l), y) + (1 - lam) * BCE(D(z_l), 1): classify with the fixed global
-    classifier and make D take the local features for global ones."""
-    return lam * F.cross_entropy(logits, y) + (1 - lam) * F.binary_cross_entropy_with_logits(d_local, torch.ones_like(d_local))
+def sigma_reference(past: list[float], rule: str) -> float:
+    """What sigma_t is compared with: the last of the past rounds' sigmas ('previous') or their mean
+    ('running_mean'); nan without a past round."""
+    if not past:
+        return float("nan")
+    return past[-1] if rule == "previous" else sum(past) / len(past)
+
+
+# F_l's adversarial term A(D(z_l)) on D's logits, D fixed: both push D(z_l) towards 'global' (1).
+ADVERSARIAL = {
+    "non_saturating": lambda d: F.binary_cross_entropy_with_logits(d, torch.ones_like(d)),  # -log D(z_l)
+    "minimax": lambda d: -F.binary_cross_entropy_with_logits(d, torch.zeros_like(d)),  # log(1 - D(z_l))
+}
+
+
+def local_extractor_loss(logits: torch.Tensor, y: torch.Tensor, d_local: torch.Tensor, lam: float,
+                         adv: str = "non_saturating") -> torch.Tensor:
+    """lam * CE(C_g(z_l), y) + (1 - lam) * A(D(z_l)): classify with the fixed global classifier and
+    make D take the local features for global ones (A: `ADVERSARIAL[adv]`)."""
+    return lam * F.cross_entropy(logits, y) + (1 - lam) * ADVERSARIAL[adv](d_local)
 
 
 def discriminator_loss(d_global: torch.Tensor, d_local: torch.Tensor) -> torch.Tensor:
@@ -104,6 +124,18 @@ class GRPFed(Method):
                           "lam*CE(C_g(z_l), y) + (1-lam)*BCE(D(z_l), 1); the loss form and the best lambda are missing "
                           "from the paper text (Fig. 4 sweeps 0.1..0.9; larger lambda = more personalization), "
                           "methods.md §3.2, §3.4", float, minimum=0, maximum=1),
+        "adv_loss": Param("non_saturating", "[RECON] reconstructed: the form of F_l's adversarial term (the equation "
+                                            "is missing; the text says F_l 'is optimized to fool the discriminator', "
+                                            "§3.3): 'non_saturating' = BCE(D(z_l), 1) = -log D(z_l) (methods.md §3.2, "
+                                            "the field's common GAN generator loss); 'minimax' = -BCE(D(z_l), 0) = "
+                                            "log(1 - D(z_l)), the negated discriminator term", str,
+                          choices=("non_saturating", "minimax")),
+        "local_classifier": Param("current", "[RECON] reconstructed: which C_g the local step classifies z_l with "
+                                             "('we fix the classifier with C_g during the local training', §3.3; the "
+                                             "symbols are lost): 'current' = the client's copy as step 1 of the same "
+                                             "batch left it (Algorithm 1 runs both steps per batch); 'received' = the "
+                                             "C_g the client received, held fixed for its whole local training",
+                                  str, choices=("current", "received")),
         "aggregation": Param("power", "[RECON] reconstructed: the equation is missing from the paper text; 'power' = "
                                       "normalised weights p_k = L_k^q / sum_j L_j^q (softmax(q log L_k)) of the clients' "
                                       "training losses, the prose's weight from q and the loss alone ('aggregating all trained "
@@ -118,6 +150,13 @@ class GRPFed(Method):
                                     "with it (§3.2, in that order); 'after' = aggregate with the previous q and adjust it "
                                     "for the next round (q applied one round late; before issue 35)",
                           str, choices=("before", "after")),
+        "sigma_compare": Param("previous", "[RECON] reconstructed: what this round's sigma_t (std of the training "
+                                           "losses) is compared with to move q (Eq. 2 is missing from the text): "
+                                           "'previous' = sigma_(t-1), q + alpha if sigma_t > sigma_(t-1) else "
+                                           "max(0, q - alpha) ('if the fairness becomes relatively fairer, we should "
+                                           "decrease', §3.2; methods.md §3.3); 'running_mean' = the mean of "
+                                           "sigma_1..sigma_(t-1), the alternative methods.md §3.3 names",
+                               str, choices=("previous", "running_mean")),
         "lipschitz": LIPSCHITZ,
         "loss_at": Param("train", "[RECON] reconstructed: which 'global training loss' L_k a client reports; 'train' = "
                                   "the mean global CE over its local epochs' batches, what the paper's clients return "
@@ -164,7 +203,7 @@ class GRPFed(Method):
             return
         losses = [float(u.extras["loss"]) for u in updates]
         std = loss_std(losses)
-        adjusted = next_power(self.server["q"], std, self.server["prev_std"], self.hp["alpha"])
+        adjusted = next_power(self.server["q"], std, self.sigma_ref(), self.hp["alpha"])
         q = adjusted if self.hp["q_update"] == "before" else self.server["q"]
         sizes = [float(u.num_samples) for u in updates] if self.hp["weight_by_size"] else None
         new = self.AGGREGATIONS[self.hp["aggregation"]](self, updates, losses, q, sizes)
@@ -172,6 +211,12 @@ class GRPFed(Method):
         self.server["q"] = adjusted
         self.server["prev_std"] = std
         self.server.setdefault("trace", []).append([self.engine.round, q, std])  # older checkpoints lack it
+
+    def sigma_ref(self) -> float:
+        """sigma_t's reference, from the past rounds' sigmas (`sigma_compare`)."""
+        if self.hp["sigma_compare"] == "previous":
+            return self.server["prev_std"]  # = the trace's last sigma; kept for older checkpoints
+        return sigma_reference([s for _, _, s in self.server.get("trace") or []], self.hp["sigma_compare"])
 
     def report(self):
         """The adaptive power per round: q_t used to aggregate and sigma_t, the std of the losses."""
@@ -208,9 +253,11 @@ class GRPFed(Method):
         self._local.train()
         self._disc.train()
         total, seen = torch.zeros((), device=eng.device), 0
+        received = ({k: v.detach().clone() for k, v in model.head.named_parameters()}
+                    if self.hp["local_classifier"] == "received" else None)
         for x, y in eng.batches(client):
             z_g, loss_g = self.global_step(x, y, opt_g)
-            z_l = self.local_step(x, y, opt_l)
+            z_l = self.local_step(x, y, opt_l, received)
             self.disc_step(z_g, z_l, opt_d)
             total += loss_g * len(y)
             seen += len(y)
@@ -230,14 +277,15 @@ class GRPFed(Method):
         opt.step()
         return z_g.detach().flatten(1), loss.detach()
 
-    def local_step(self, x, y, opt):
-        """Step 2: the local extractor through the fixed global classifier and the fixed D;
-        updates F_l only. Returns z_l (detached)."""
+    def local_step(self, x, y, opt, classifier=None):
+        """Step 2: the local extractor through the fixed global classifier (`classifier`, C_g's
+        parameters; None = the client's current copy) and the fixed D; updates F_l only.
+        Returns z_l (detached)."""
         head = self.engine.model.head
         z_l = self._local(x)
-        logits = functional_call(head, _detached(head), (z_l,))
+        logits = functional_call(head, _detached(head) if classifier is None else classifier, (z_l,))
         d_local = functional_call(self._disc, _detached(self._disc), (z_l.flatten(1),))
-        loss = local_extractor_loss(logits, y, d_local, self.hp["lam"])
+        loss = local_extractor_loss(logits, y, d_local, self.hp["lam"], self.hp["adv_loss"])
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()

@@ -39,26 +39,44 @@ AMPLITUDE_KEY = "extractor.amplitude"
 
 
 def mean_amplitude(x: torch.Tensor) -> torch.Tensor:
-    """Mean over the images of their Fourier amplitude spectra |FFT2(x)| (C, H, W) (HarmoFL's AmpNorm)."""
-    return torch.fft.fft2(x).abs().mean(0)
+    """Mean over the images of their Fourier amplitude spectra |FFT2(x)| (C, H, W) (HarmoFL's AmpNorm),
+    except the zero frequency, which keeps its sign: entry [..., 0, 0] is the mean of the real DC
+    coefficient (H W times the mean intensity), not the mean of its absolute value.
+
+    HarmoFL (Jiang, Wang, Dou, AAAI 2022; med-air/HarmoFL `utils/amp_utils.pyx`, `federated/fed_train.py`)
+    normalises raw intensities (ToTensor only, >= 0), whose DC coefficient is always positive. The
+    engine hands the model standardised inputs x_s = (x - mu) / sigma, whose DC is negative for an image
+    darker than mu: averaging |DC| and keeping each image's DC sign sent a dark image to mean -A and a
+    bright one to +A (a sign flip, not a harmonisation). With the signed DC, amplitude normalisation of
+    x_s is exactly that of the raw x, standardised (every non-zero frequency is sigma times the raw one,
+    the DC is shifted by mu H W): `tests/test_fedgcr_baselines.py`."""
+    spectrum = torch.fft.fft2(x)
+    amp = spectrum.abs().mean(0)
+    amp[..., 0, 0] = spectrum[..., 0, 0].real.mean(0)
+    return amp
 
 
 AMPLITUDE_SCOPES = ("spectrum", "dc")
 
 
-def amplitude_normalize(x: torch.Tensor, amplitude: torch.Tensor, scope: str = "spectrum") -> torch.Tensor:
+def amplitude_normalize(x: torch.Tensor, amplitude: torch.Tensor, scope: str = "dc") -> torch.Tensor:
     """Each image keeps its phase and takes the shared amplitude: IFFT2(A exp(i phase(FFT2(x))))
-    (HarmoFL, Jiang, Wang, Dou, AAAI 2022, amplitude normalisation). `scope: dc` replaces only the
-    zero-frequency amplitude and keeps the rest of the image's own: the FedGCR code's AmpNorm, whose
-    low-frequency window has half-width floor(min(H, W) * L) = 0 at its L = 0 (utils/amp_utils.pyx)."""
+    (HarmoFL, Jiang, Wang, Dou, AAAI 2022, amplitude normalisation). `scope: dc` (HarmoFL's own code and
+    the FedGCR code: `normalize(x, running_amp, L=0)`, whose low-frequency window has half-width
+    floor(min(H, W) * L) = 0, med-air/HarmoFL and celinezheng/fedgcr `utils/amp_utils.pyx`) replaces only
+    the zero frequency and keeps the rest of the image's own spectrum; `scope: spectrum` replaces the
+    whole amplitude spectrum. The zero frequency is set to the signed mean DC of `mean_amplitude`
+    (the raw image's mean intensity, standardised), so that the result does not depend on the
+    standardisation of the inputs."""
     spectrum = torch.fft.fft2(x)
-    phase = torch.angle(spectrum)
     if scope == "dc":
-        amp = spectrum.abs()
-        amp[..., 0, 0] = amplitude[..., 0, 0]
+        out = spectrum.clone()
     else:
-        amp = amplitude.expand_as(phase)
-    return torch.fft.ifft2(torch.polar(amp, phase)).real
+        out = torch.polar(amplitude.expand_as(spectrum.real).contiguous(), torch.angle(spectrum))
+    out[..., 0, 0] = amplitude[..., 0, 0].to(out.dtype)
+    return torch.fft.ifft2(out).real
+
+
 WEIGHTS_TIMM, WEIGHTS_NONE = "timm", "none"
 
 
@@ -79,7 +97,7 @@ class PromptedViT(nn.Module):
         # HarmoFL's amplitude normalisation of the inputs (`use_amp_norm`): the shared amplitude spectrum
         self.register_buffer("amplitude", torch.zeros(tuple(sample_shape)))
         self.amp_norm_on = False
-        self.amp_scope = "spectrum"  # HarmoFL's `amplitude` hyper-parameter (`use_amp_norm`)
+        self.amp_scope = "dc"  # HarmoFL's `amplitude` hyper-parameter (`use_amp_norm`)
         self.resize = resize
         self.img_size = tuple(backbone.patch_embed.img_size) if getattr(backbone.patch_embed, "img_size", None) else None
 
@@ -146,7 +164,7 @@ class PromptedSplitModel(SplitModel):
                 p.requires_grad_(on)
         self._refreeze()
 
-    def use_amp_norm(self, on: bool, scope: str = "spectrum") -> None:
+    def use_amp_norm(self, on: bool, scope: str = "dc") -> None:
         """HarmoFL: normalise every input's amplitude spectrum (`scope`: the whole spectrum, or the
         zero-frequency amplitude only) to `extractor.amplitude` (which then travels)."""
         if scope not in AMPLITUDE_SCOPES:

@@ -46,6 +46,10 @@ HEADLINE_OPTIONAL = ("dataset", "setting")  # the table column, where the experi
 READING_KEYS = ("id", "mark", "question", "paper", "code", "options", "default", "why")
 READING_OPTIONAL = ("effects", "not_measured")
 NOT_JUDGED = "not judged"
+#: why an entry has no measured alternative: it provably cannot act on the stand-in, or the
+#: measurement is still to be made (listed by `fedrepro readings --check`, refused by --complete)
+CANNOT_ACT, PENDING = "cannot act: ", "pending: "
+MIN_SEEDS = 3  # an alternative counts as measured over at least this many seeds
 
 
 # ---------------------------------------------------------------------------------------------
@@ -257,6 +261,10 @@ def _reading(r: Any, where: str, methods: list[str]) -> Reading:
     if not effects and not (isinstance(not_measured, str) and not_measured.strip()):
         raise ConfigError(f"{where}: key 'not_measured' has value {show(not_measured)}; allowed: why no alternative is "
                           f"measured (a non-empty string), where 'effects' is empty")
+    if isinstance(not_measured, str) and not not_measured.startswith((CANNOT_ACT, PENDING)):
+        raise ConfigError(f"{where}: key 'not_measured' has value {show(not_measured)}; allowed: {CANNOT_ACT!r} and why "
+                          f"the alternatives provably cannot act on the headline stand-in, or {PENDING!r} and why the "
+                          f"measurement is still to be made")
     return Reading(rid, marks, _str(r["question"], where, "question"), _str(r["paper"], where, "paper"),
                    _str(r["code"], where, "code"), options, default, _str(r["why"], where, "why"), effects,
                    not_measured if isinstance(not_measured, str) else None)
@@ -405,6 +413,21 @@ def strongest(ledger: Ledger) -> str | None:
     means = {b: seed_stats(values(ledger, b).values()).mean for b in ledger.headline.baselines if b != ledger.headline.proposed}
     means = {b: m for b, m in means.items() if np.isfinite(m)}
     return max(means, key=lambda b: sign * means[b]) if means else None
+
+
+def incomplete(ledger: Ledger) -> list[str]:
+    """The entries not yet measured: a `pending:` entry, or an alternative measured over fewer than
+    MIN_SEEDS seeds ([] where every entry is measured or cannot act on the stand-in)."""
+    out = []
+    for r in ledger.readings:
+        if not r.effects and (r.not_measured or "").startswith(PENDING):
+            out.append(f"{r.id}: {r.not_measured}")
+        for e in r.effects:
+            n = len(values(ledger, e.label))
+            if n < MIN_SEEDS:
+                out.append(f"{r.id}: option {e.option} (`{e.label}`) measured over {n} seed(s); allowed: at least "
+                           f"{MIN_SEEDS} (`fedrepro readings {ledger.paper.id} --record results/<experiment>`)")
+    return out
 
 
 def regime(ledger: Ledger) -> Regime | None:

@@ -24,10 +24,14 @@ def selections_frame(paths: list[str | Path]) -> pd.DataFrame:
     rows = []
     for p in paths:
         s = read_json(p)
+        values = lambda w: ", ".join(f"{k}={_fmt(v)}" for k, v in sorted(w["values"].items()))  # noqa: E731
+        # a per-seed selection trains each seed with its own winner: show those, not the pooled one
+        per_seed = s.get("winners_by_seed") or {}
+        selected = "; ".join(f"{seed}: {values(w)}" for seed, w in sorted(per_seed.items())) or values(s["winner"])
         rows.append({"dataset": s["dataset"], "partition": s["partition"], "label": s["label"], "method": s["method"],
-                     "selected": ", ".join(f"{k}={_fmt(v)}" for k, v in sorted(s["winner"]["values"].items())),
-                     "val_score": s["winner"]["score"], "trials": len(s["trials"]),
-                     "metric": f"val {'/'.join(s['metric']['model_used'])} acc {s['metric']['stat']}"})
+                     "selected": selected, "val_score": s["winner"]["score"], "trials": len(s["trials"]),
+                     "metric": f"val {'/'.join(s['metric']['model_used'])} {s['metric'].get('measure', 'acc')} "
+                               f"{s['metric']['stat']}" + (" (per seed)" if per_seed else "")})
     return pd.DataFrame(rows).sort_values(["dataset", "partition", "label"]).reset_index(drop=True)
 
 
@@ -41,7 +45,7 @@ def write_tuning_table(paths: list[str | Path], out_prefix: str | Path) -> list[
     df["cell"] = [f"{sel} (val {100 * sc:.2f})" for sel, sc in zip(df["selected"], df["val_score"])]
     wide = df.pivot(index="label", columns=["dataset", "partition"], values="cell").fillna("-")
     cols = [f"{d}/{p}" for d, p in wide.columns]
-    md = ["Selected hyper-parameters (validation accuracy %, " + "; ".join(sorted(set(df["metric"]))) + ")", "",
+    md = ["Selected hyper-parameters (validation score %, " + "; ".join(sorted(set(df["metric"]))) + ")", "",
           "| method | " + " | ".join(cols) + " |", "|---|" + "---|" * len(cols)]
     md += [f"| {label} | " + " | ".join(row) + " |" for label, row in zip(wide.index, wide.values.tolist())]
     write_text_atomic(out[1], "\n".join(md) + "\n")
