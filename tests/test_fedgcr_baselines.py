@@ -66,7 +66,50 @@ def test_dc_amplitude_normalisation_replaces_the_zero_frequency_only(domain_part
     engine = gcr_engine(domain_partition, make_cell, method="harmofl", rounds=1, hparams={"amplitude": "dc"})
     engine.run()
     assert engine.model.extractor.amp_scope == "dc"
-    assert gcr_engine(domain_partition, make_cell, method="harmofl", rounds=1).method.hp["amplitude"] == "spectrum"
+    assert gcr_engine(domain_partition, make_cell, method="harmofl", rounds=1).method.hp["amplitude"] == "dc"
+
+
+@pytest.mark.parametrize("scope", ["dc", "spectrum"])
+def test_amplitude_normalisation_of_standardised_inputs_is_that_of_the_raw_images(scope):
+    """HarmoFL normalises raw intensities (>= 0; med-air/HarmoFL feeds ToTensor images), the engine hands
+    the model standardised ones: with the signed zero frequency the result is the raw images' normalised,
+    standardised. Before, |DC| was averaged and each image kept its own DC sign, so on fedgcr_cpu's
+    Normalize(0.5, 0.5) inputs an image darker than 0.5 went to mean -A and a brighter one to +A."""
+    g = torch.Generator().manual_seed(2)
+    raw, ref = torch.rand(5, 3, 8, 8, generator=g) * 0.6, torch.rand(7, 3, 8, 8, generator=g)
+    raw[0] += 0.4  # one bright image (mean above the standardisation mean), the others darker
+    mu, sd = torch.tensor([0.5, 0.4, 0.6]).view(1, 3, 1, 1), torch.tensor([0.5, 0.25, 0.3]).view(1, 3, 1, 1)
+    expected = (amplitude_normalize(raw, mean_amplitude(ref), scope) - mu) / sd
+    got = amplitude_normalize((raw - mu) / sd, mean_amplitude((ref - mu) / sd), scope)
+    assert torch.allclose(got, expected, atol=1e-4)
+    if scope == "dc":  # every image takes the shared mean intensity, the bright one too
+        means = got.mean((-2, -1))
+        assert torch.allclose(means, means[:1].expand_as(means), atol=1e-5)
+
+
+@pytest.mark.parametrize("optimizer", [{"name": "adamw", "lr": 0.003, "weight_decay": 1e-4}, {"name": "adam", "lr": 0.01}])
+def test_qffl_with_L_one_over_lr_under_an_adaptive_optimizer_is_refused(optimizer):
+    """q-FedAvg's L (w - w_k) stands for the gradient only under local SGD with step 1/L (Li et al., ICLR
+    2020, Algorithm 3). Under AdamW (fedgcr_cpu, lr 3e-3) q L ||w - w_k||^2 / F_k was 5.5-6.7, the server
+    moved 11-14 % of FedAvg's step and q-FFL ended at Avg 44.4 against FedAvg's 61.6 (61.8 at q = 0).
+    `fedrepro validate` refuses it; an explicit L or the label trained with plain SGD pass."""
+    from pathlib import Path
+
+    import yaml
+
+    from fedrepro.config import resolve_experiment
+    from fedrepro.registry import ConfigError
+
+    config = yaml.safe_load((Path(__file__).resolve().parents[1] / "config" / "test.yaml").read_text())
+    config["methods"] = {"qffl": {}}
+    config["training"]["optimizer"] = optimizer
+    with pytest.raises(ConfigError, match=rf"methods\.qffl\.hparams\.lipschitz' has value null.*with {optimizer['name']}"
+                                          rf".*methods\.qffl\.training\.optimizer"):
+        resolve_experiment(config)
+    config["methods"]["qffl"] = {"hparams": {"lipschitz": 10.0}}
+    resolve_experiment(config)  # an explicit L
+    config["methods"]["qffl"] = {"training": {"optimizer": {"name": "sgd", "lr": 0.1}}}
+    resolve_experiment(config)  # q-FFL's own local solver: plain SGD, L = 1/lr
 
 
 def test_harmofl_clients_train_with_the_global_amplitude_after_round_one(domain_partition, make_cell, monkeypatch):  # noqa: F811

@@ -10,10 +10,19 @@ on Heterogeneous Medical Images", AAAI 2022), a domain-FL baseline of FedGCR (me
     alpha g / ||g||, take the gradient there, restore and step the base optimizer
     (`_perturbed.perturbed_step`; alpha = 0.05, the fedgcr code's WPOptim(Adam, lr 1e-2, alpha 0.05)).
 The server averages the uploads as FedAvg (prompts + head, and A in round 1).
-`amplitude: spectrum` (default) replaces each image's whole amplitude spectrum by A; `dc` is the
-FedGCR code's AmpNorm, which replaces only the zero-frequency amplitude (its window half-width
-floor(min(H, W) * L) is 0 at L = 0, `utils/amp_utils.pyx` `process` -> `normalize(..., L=0)`); both
-measured on fedgcr_cpu in docs/parity.md ("FedGCR and its baselines", issue 27).
+`amplitude: dc` (default) replaces only the zero-frequency amplitude, the per-channel mean intensity:
+HarmoFL's own code (med-air/HarmoFL `utils/amp_utils.pyx`: `process` -> `normalize(..., L=0)`, whose
+low-frequency window has half-width floor(min(H, W) * L) = 0) and the FedGCR code's copy of it
+(celinezheng/fedgcr `utils/amp_utils.pyx`), the code both papers' numbers come from; `spectrum` replaces
+each image's whole amplitude spectrum by A (a phase-only image of A's power): through the frozen,
+never amplitude-normalised backbone of fedgcr_cpu it costs every client type 20-30 points (Avg 38.8
+against 58.2 with `dc` and FedAvg's 61.6, seed 0, 30 rounds; issue 27 measured 37.16 against 56.49
+at 10 rounds). Before this default changed, `spectrum` was the default ("HarmoFL's amplitude
+normalisation as read here", without the HarmoFL code).
+HarmoFL normalises raw intensities (ToTensor, >= 0); the engine's inputs are standardised, so the
+zero frequency is kept signed (`models/prompted_vit.py` `mean_amplitude`): the normalisation of the
+standardised image is that of the raw image, standardised (before, an image darker than the
+standardisation mean kept its negative DC and went to mean -A: Avg 56.78 with `dc`, 58.23 after).
 """
 
 from __future__ import annotations
@@ -33,9 +42,9 @@ class HarmoFL(FedAvg):
     paper = "Jiang, Wang, Dou, AAAI 2022"
     hparams = {
         "alpha": Param(0.05, "weight-perturbation radius alpha (HarmoFL and the fedgcr code: 0.05)", float, minimum=0),
-        "amplitude": Param("spectrum", "what the shared amplitude A replaces: 'spectrum' = each image's whole amplitude "
-                                       "spectrum (HarmoFL's amplitude normalisation as read here); 'dc' = only its "
-                                       "zero-frequency amplitude (the FedGCR code's AmpNorm: utils/amp_utils.pyx at L = 0)",
+        "amplitude": Param("dc", "what the shared amplitude A replaces: 'dc' = only each image's zero-frequency amplitude "
+                                 "(HarmoFL's own AmpNorm, med-air/HarmoFL utils/amp_utils.pyx at L = 0, as the FedGCR "
+                                 "code's copy); 'spectrum' = its whole amplitude spectrum",
                            str, choices=AMPLITUDE_SCOPES),
     }
 

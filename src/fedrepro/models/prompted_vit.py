@@ -59,7 +59,7 @@ def mean_amplitude(x: torch.Tensor) -> torch.Tensor:
 AMPLITUDE_SCOPES = ("spectrum", "dc")
 
 
-def amplitude_normalize(x: torch.Tensor, amplitude: torch.Tensor, scope: str = "dc") -> torch.Tensor:
+def amplitude_normalize(x: torch.Tensor, amplitude: torch.Tensor, scope: str = "spectrum") -> torch.Tensor:
     """Each image keeps its phase and takes the shared amplitude: IFFT2(A exp(i phase(FFT2(x))))
     (HarmoFL, Jiang, Wang, Dou, AAAI 2022, amplitude normalisation). `scope: dc` (HarmoFL's own code and
     the FedGCR code: `normalize(x, running_amp, L=0)`, whose low-frequency window has half-width
@@ -97,7 +97,7 @@ class PromptedViT(nn.Module):
         # HarmoFL's amplitude normalisation of the inputs (`use_amp_norm`): the shared amplitude spectrum
         self.register_buffer("amplitude", torch.zeros(tuple(sample_shape)))
         self.amp_norm_on = False
-        self.amp_scope = "dc"  # HarmoFL's `amplitude` hyper-parameter (`use_amp_norm`)
+        self.amp_scope = "spectrum"  # HarmoFL's `amplitude` hyper-parameter (`use_amp_norm`)
         self.resize = resize
         self.img_size = tuple(backbone.patch_embed.img_size) if getattr(backbone.patch_embed, "img_size", None) else None
 
@@ -164,7 +164,7 @@ class PromptedSplitModel(SplitModel):
                 p.requires_grad_(on)
         self._refreeze()
 
-    def use_amp_norm(self, on: bool, scope: str = "dc") -> None:
+    def use_amp_norm(self, on: bool, scope: str = "spectrum") -> None:
         """HarmoFL: normalise every input's amplitude spectrum (`scope`: the whole spectrum, or the
         zero-frequency amplitude only) to `extractor.amplitude` (which then travels)."""
         if scope not in AMPLITUDE_SCOPES:
