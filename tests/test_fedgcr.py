@@ -246,16 +246,21 @@ def test_client_representation_model_and_fedgr_only_input_are_named_readings(dom
     assert cls.shape == prompted.shape and not torch.allclose(cls, prompted)
 
 
-@pytest.mark.parametrize("code", [False, True])
-def test_server_mixes_uploads_with_the_fedgr_weights(domain_partition, make_cell, code):
-    hp = {"group_loss": "size_weighted", "loss_at": "start"} if code else {}
+def _round_2(domain_partition, make_cell, **hp):
+    """A FedGCR cell's second round, aggregated: (method, its updates, each update's group label)."""
     engine = gcr_engine(domain_partition, make_cell, rounds=2, hparams=hp)
     method = engine.method
     method.setup()
     engine.round = 2
     updates = [method.local_update(c, method.broadcast(c)) for c in engine.clients]
     method.aggregate(updates)
-    labels = [method.server["group_of"][u.client_id] for u in updates]
+    return method, updates, [method.server["group_of"][u.client_id] for u in updates]
+
+
+@pytest.mark.parametrize("code", [False, True])
+def test_server_mixes_uploads_with_the_fedgr_weights(domain_partition, make_cell, code):
+    hp = {"group_loss": "size_weighted", "loss_at": "start"} if code else {}
+    method, updates, labels = _round_2(domain_partition, make_cell, **hp)
     w = fedgr_weights([u.extras["loss"] for u in updates], [u.num_samples for u in updates], labels, beta_at(2), 1.0,
                       "size_weighted" if code else "mean")
     for k, v in method.server["global"].items():
@@ -279,14 +284,7 @@ def test_fedgcr_summed_loss_and_unnormalised_aggregation_are_options(domain_part
     changes the normalised weights of clients of different sizes; `aggregation: unnormalized` mixes the
     uploads with weights that do not sum to 1 (Algorithm 1 as written)."""
     def round_2(**hp):
-        engine = gcr_engine(domain_partition, make_cell, rounds=2, hparams=hp)
-        method = engine.method
-        method.setup()
-        engine.round = 2
-        updates = [method.local_update(c, method.broadcast(c)) for c in engine.clients]
-        method.aggregate(updates)
-        labels = [method.server["group_of"][u.client_id] for u in updates]
-        return method, updates, labels
+        return _round_2(domain_partition, make_cell, **hp)
 
     _, mean_ups, labels = round_2()
     _, sum_ups, _ = round_2(loss_reduction="sum")

@@ -267,3 +267,15 @@ def test_entries_not_yet_measured_are_listed_and_refused_by_complete(tmp_path, c
     _edit(path, lambda d: d["readings"][1].update(not_measured="cannot act: the stand-in has one local epoch"))
     assert rd.incomplete(rd.load_ledger(path)) == []
     assert main(["readings", "--check", "--complete", "--ledger", str(path)]) == 0
+
+
+#: the ledgers whose every entry is measured over at least 3 seeds or cannot act on the stand-in (issue 45)
+COMPLETE_LEDGERS = ("fedcrc",)
+
+
+@pytest.mark.parametrize("paper", COMPLETE_LEDGERS)
+def test_complete_ledgers_have_no_entry_left_to_measure(paper):
+    ledger = rd.load_ledger(rd.ledger_path(paper))
+    assert rd.incomplete(ledger) == []
+    for r in ledger.readings:
+        assert r.effects or r.not_measured.startswith(rd.CANNOT_ACT), r.id
