@@ -113,3 +113,13 @@ def test_ledger_verdicts_are_not_judged_where_the_regime_differs(tmp_path):
     moving = {k: {str(s): [1, 2, 0.05] for s in range(3)} for k in LEDGER["headline"]["baselines"]}
     differs.measured["changes"] = {k: {int(s): v for s, v in per.items()} for k, per in moving.items()}
     assert rd.side(differs, "qffl", "fedavg").verdict == f"{REGIME_DIFFERS}; {NOT_CONVERGED}"
+
+
+def test_means_equal_to_the_printed_digit_tie():
+    """Two means that print alike are a tie, whatever float noise says (a table and a ledger of the
+    same runs, one from rounded values, rank them alike)."""
+    raw = _bs([76.69, 75.881300001, 75.8813, 74.40, 73.47], [96.18, 97.00, 96.82, 91.80, 83.59])
+    rounded = check(raw, "higher", decimals=2)
+    assert rounded.rho == pytest.approx(check(_bs([76.69, 75.88, 75.88, 74.40, 73.47],
+                                                  [96.18, 97.00, 96.82, 91.80, 83.59]), "higher").rho)
+    assert rounded.rho != pytest.approx(check(raw, "higher").rho)

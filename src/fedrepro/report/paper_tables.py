@@ -188,7 +188,8 @@ def _regimes(table: Table, cells: dict[tuple, CellResult]) -> dict[tuple, Regime
         base = [Baseline(c.key[0], table.row_name(c.row), c.stats.mean, c.paper) for c in cells.values()
                 if c.key[1:] == col and c.key[0] not in proposed and not c.row.derived and c.has_value
                 and c.paper is not None]
-        out[col] = regime_check(base, table.metric(next(k for k in cells if k[1:] == col)).better)
+        metric = table.metric(next(k for k in cells if k[1:] == col))
+        out[col] = regime_check(base, metric.better, metric.decimals)
     return out
 
 

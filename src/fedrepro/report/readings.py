@@ -442,7 +442,7 @@ def regime(ledger: Ledger) -> Regime | None:
         cell = table.cells.get(key) if key else None
         if name != ledger.headline.proposed and cell is not None and cell.value is not None and np.isfinite(mean):
             base.append(Baseline(key[0], ledger.paper.name("method", key[0]), mean, cell.value))
-    return regime_check(base, ledger.metric.better)
+    return regime_check(base, ledger.metric.better, ledger.metric.decimals)
 
 
 def verdict(test: PairedTest | None, better: str) -> str:

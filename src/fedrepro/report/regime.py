@@ -92,8 +92,12 @@ def places(values: list[float], better: str) -> list[int]:
     return [1 + sum(1 for w in values if sign * w < sign * v) for v in values]
 
 
-def check(baselines: list[Baseline], better: str) -> Regime:
-    """The regime check of one headline column (module docstring)."""
+def check(baselines: list[Baseline], better: str, decimals: int | None = None) -> Regime:
+    """The regime check of one headline column (module docstring). `decimals`: both sides are
+    compared as printed (the paper's decimals), so that means equal to the printed digit tie, and
+    a table and a ledger of the same runs rank them alike."""
+    if decimals is not None:
+        baselines = [Baseline(b.id, b.name, round(b.ours, decimals), round(b.paper, decimals)) for b in baselines]
     bs = tuple(b for b in baselines if math.isfinite(b.ours) and math.isfinite(b.paper))
     n = len(bs)
     if n == 0:
