@@ -269,3 +269,24 @@ def test_dag_tunes_selects_then_trains_and_untuned_methods_skip_tuning(tmp_path)
     assert "--tuned results/unit/tuning/digits/dir/fedavg.json" in out
     local_cmd = next(line for line in out.splitlines() if "fedrepro train" in line and '"label": "local"' in line)
     assert "--tuned" not in local_cmd
+
+
+def test_dag_trials_and_tuned_cells_wait_for_the_pretrained_backbone(tmp_path):
+    """A tuned label on a model that loads a pre-trained backbone (fedgcr_cpu's q-FFL): its trials and
+    its final cells take the backbone as an input, as rule train does, so none starts before
+    pretrain_backbone has written it (they failed with 'a checkpoint file that does not exist')."""
+    import re
+
+    proc = subprocess.run([sys.executable, "-m", "snakemake", "--dag", "--forceall", "--configfile",
+                           str(REPO / "config" / "papers" / "fedgcr_cpu.yaml"), "--snakefile", str(REPO / "Snakefile"),
+                           "--directory", str(tmp_path)], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rule_of = dict(re.findall(r'^\s*(\d+)\[label = "(\w+)', proc.stdout, re.M))
+    after_backbone = {rule_of[b] for a, b in re.findall(r"^\s*(\d+) -> (\d+)", proc.stdout, re.M)
+                      if rule_of[a] == "pretrain_backbone"}
+    jobs = [j for j, r in rule_of.items() if r in ("tune_trial", "train_tuned")]
+    assert len(jobs) == 6  # 3 trials of q-FFL's lr, 3 tuned final cells
+    assert {"tune_trial", "train_tuned", "train"} <= after_backbone
+    for j in jobs:
+        assert any(rule_of[a] == "pretrain_backbone" for a, b in re.findall(r"^\s*(\d+) -> (\d+)", proc.stdout, re.M)
+                   if b == j), rule_of[j]

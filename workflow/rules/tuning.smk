@@ -11,7 +11,7 @@ TUNING = TuningPlan(EXP)
 
 rule tune_trial:
     input:
-        PLAN.cell_shards,
+        unpack(PLAN.cell_inputs),  # the shards, and a pre-trained backbone where the model loads one
     output:
         metrics=f"{OUT}/tuning/runs/{{dataset}}/{{partition}}/{{label}}/{{trial}}/seed{{seed}}/metrics.json",
         provenance=f"{OUT}/tuning/runs/{{dataset}}/{{partition}}/{{label}}/{{trial}}/seed{{seed}}/provenance.json",
@@ -35,7 +35,7 @@ rule tune_trial:
     message:
         "tuning trial {wildcards.dataset}/{wildcards.partition}/{wildcards.label}/{wildcards.trial}/seed{wildcards.seed}"
     shell:
-        "fedrepro train --cell {params.cell:q} --shards {input:q} --out-dir {params.out_dir:q} "
+        "fedrepro train --cell {params.cell:q} --shards {input.shards:q} --out-dir {params.out_dir:q} "
         "--checkpoint {params.checkpoint:q} --threads {threads} > {log:q} 2>&1"
 
 
@@ -105,7 +105,7 @@ if TUNING.tuned_labels:
 
     rule train_tuned:
         input:
-            shards=PLAN.cell_shards,
+            unpack(PLAN.cell_inputs),  # the shards, and a pre-trained backbone where the model loads one
             tuned=TUNING.tuned_selection,
         output:
             metrics=f"{OUT}/runs/{{dataset}}/{{partition}}/{{label}}/seed{{seed}}/metrics.json",
