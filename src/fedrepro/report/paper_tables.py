@@ -471,7 +471,7 @@ def regime_notes(res: TableResult) -> list[str]:
     out = []
     for col, regime in res.regimes.items():
         where = " / ".join(t.name(d, v) for d, v in zip(DIMS[1:], col))
-        line = f"Regime check ({where}): {regime.text(t.paper.metrics[col[2]].decimals)}"
+        line = f"Regime check ({where}): {regime.text()}"
         if regime.verdict_block:
             line += f"; every paired test of this column: '{regime.verdict_block}'"
         out.append(line + ".")

@@ -539,7 +539,7 @@ def _header(ledger: Ledger) -> tuple[str, list[str], Side | None, str | None]:
     check = regime(ledger)
     if check is not None:
         lines.append(f"Regime check of the headline column (the measured baselines against the paper's values for the same "
-                     f"rows, src/fedrepro/report/regime.py): {check.text(ledger.metric.decimals)}"
+                     f"rows, src/fedrepro/report/regime.py): {check.text()}"
                      + (f"; every verdict below is '{check.verdict_block}'." if check.verdict_block else "."))
     best = strongest(ledger)
     default = side(ledger, h.proposed, best)

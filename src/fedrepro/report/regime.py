@@ -64,7 +64,7 @@ class Regime:
         sign = -1.0 if self.better == "higher" else 1.0
         return [b.name for b in sorted(self.baselines, key=lambda b: sign * getattr(b, side))]
 
-    def text(self, decimals: int = 2) -> str:
+    def text(self) -> str:
         """One line: the statistics, the two orders, the anchors' places and the outcome."""
         n = len(self.baselines)
         if n == 0:
