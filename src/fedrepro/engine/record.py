@@ -51,6 +51,18 @@ def metrics_cell(cell: dict) -> dict:
             | {"model": cell["model"]["name"]} | ({"sweep": cell["sweep"]} if "sweep" in cell else {}))
 
 
+def _add_beyond(final: dict, summary: dict, beyond: dict, unseen_weights: list[int]) -> None:
+    """Each evaluate_beyond score ('<where>/<kind>') into `final` as <where>_<kind> and into
+    `summary` as <where>_<kind>_<acc|f1>: unseen clients weighted by `unseen_weights` (their test
+    sizes), a global test or validation set's clients equally (each is scored on the same set)."""
+    for key, values in beyond.items():
+        where, kind = key.split("/")
+        weights = unseen_weights if where == "unseen" else [1] * len(values["acc"])
+        final[f"{where}_{kind}"] = {m: _clean(values[m]) for m in ("acc", "f1")}
+        for m in ("acc", "f1"):
+            summary[f"{where}_{kind}_{m}"] = _clean_stats(summarize(values[m], weights))
+
+
 def build_metrics(cell: dict, clients: list[Client], history: list[dict], per_round: dict, resources: dict,
                   beyond: dict | None = None, unseen: list[Client] | None = None,
                   trained: list[list[int]] | None = None, untrained_rule: str = "personalize",
@@ -72,12 +84,7 @@ def build_metrics(cell: dict, clients: list[Client], history: list[dict], per_ro
     # Further kinds, summarised over the clients they score: unseen_{global,personal} over the
     # unseen clients (weighted by test size), <test set>_{global,personal,hm} over the
     # federation's clients (weighted equally: each is scored on the same test set).
-    for key, values in beyond.items():
-        where, kind = key.split("/")
-        weights = [len(c.test) for c in unseen] if where == "unseen" else [1] * len(values["acc"])
-        final[f"{where}_{kind}"] = {m: _clean(values[m]) for m in ("acc", "f1")}
-        for m in ("acc", "f1"):
-            summary[f"{where}_{kind}_{m}"] = _clean_stats(summarize(values[m], weights))
+    _add_beyond(final, summary, beyond, [len(c.test) for c in unseen])
     # Distinct client types (each client holds one domain): Avg, σ_type, σ_client (FedGCR).
     types = [c.client_type for c in clients]
     if clients and None not in types:
@@ -95,11 +102,7 @@ def build_metrics(cell: dict, clients: list[Client], history: list[dict], per_ro
         final_val = {kind: ({m: _clean(last[f"val/{kind}"][m]) for m in ("acc", "f1")} if f"val/{kind}" in last else None)
                      for kind in ("global", "personal")}
         # <validation set>_{global,personal,hm} over the federation's clients, weighted equally as their test twins
-        for key, values in beyond_val.items():
-            where, kind = key.split("/")
-            final_val[f"{where}_{kind}"] = {m: _clean(values[m]) for m in ("acc", "f1")}
-            for m in ("acc", "f1"):
-                summary_val[f"{where}_{kind}_{m}"] = _clean_stats(summarize(values[m], [1] * len(values[m])))
+        _add_beyond(final_val, summary_val, beyond_val, [])
         kind = "personal" if "val/personal" in last else "global"
         val_acc = [summarize(h[f"val/{kind}"]["acc"], val_sizes)["weighted_mean"] for h in history]
         best = int(np.nanargmax(val_acc))
