@@ -7,12 +7,12 @@ A cell is identified by the hash of its resolved config (README: Concepts), so a
 leaves a method alone must leave the hashes of its cells alone. The script resolves every
 config under config/ (config/*.yaml, config/experiments/, config/papers/) in the working tree
 and, through `git worktree`, at the base revision, and prints per config how many cells kept
-their hash, which methods' cells changed, and how many cells came or went. Exits 0; it reports.
+their hash, which methods' cells changed, and how many cells came or went. Exits 0; it reports,
+or 2 for a --base that names no commit or where the configs cannot be resolved (one line).
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import subprocess
 import sys
@@ -20,6 +20,9 @@ import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "benchmarks"))
+from script_inputs import OneLineParser, error_line, fail, revision  # noqa: E402
+
 CONFIGS = ("config/*.yaml", "config/experiments/*.yaml", "config/papers/*.yaml")
 
 # Run inside one checkout (its own src/ first on the path): {config: {cell id: hash}} as JSON.
@@ -39,9 +42,12 @@ json.dump(out, sys.stdout)
 """
 
 
-def hashes(checkout: Path) -> dict:
-    run = subprocess.run([sys.executable, "-c", PROBE, json.dumps(CONFIGS)], cwd=checkout, check=True,
+def hashes(checkout: Path, name: str) -> dict:
+    """The cell hashes of every config of `checkout`; `name` says which in the message if they cannot be had."""
+    run = subprocess.run([sys.executable, "-c", PROBE, json.dumps(CONFIGS)], cwd=checkout,
                          capture_output=True, text=True, env={"PYTHONPATH": str(checkout / "src"), "PATH": ""})
+    if run.returncode != 0:  # e.g. a revision older than fedrepro.cli.cell_id
+        fail(f"{name}: its cell hashes cannot be computed ({error_line(run.stderr)})")
     return json.loads(run.stdout)
 
 
@@ -64,18 +70,18 @@ def report(before: dict, after: dict) -> list[str]:
     return lines
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--base", default="HEAD", help="the revision to compare the working tree with (default HEAD)")
-    args = ap.parse_args()
+def main(argv: list[str] | None = None) -> None:
+    ap = OneLineParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--base", default="HEAD", type=revision, help="the revision to compare the working tree with (default HEAD)")
+    args = ap.parse_args(argv)  # args.base: the commit's hash (script_inputs.revision), never read by git as an option
     with tempfile.TemporaryDirectory() as tmp:
         base = Path(tmp) / "base"
         subprocess.run(["git", "worktree", "add", "--detach", str(base), args.base], cwd=REPO, check=True, capture_output=True)
         try:
-            before = hashes(base)
+            before = hashes(base, f"argument --base {args.base}")
         finally:
             subprocess.run(["git", "worktree", "remove", "--force", str(base)], cwd=REPO, check=True, capture_output=True)
-    print("\n".join(report(before, hashes(REPO))))
+    print("\n".join(report(before, hashes(REPO, "the working tree"))))
 
 
 if __name__ == "__main__":

@@ -12,11 +12,12 @@ Prints each mode's wall time, each cell's job seconds (Snakemake's benchmark fil
 and whether the cells' metrics are identical between the modes (benchmarks/compare_metrics.py:
 every field but the wall-clock ones). Give an idle machine: the numbers are wall times.
 The local profile's choice (src/fedrepro/local_plan.py, CPU_CELL_THREADS) rests on this.
+A bad argument (a config fedrepro cannot resolve, a label it has no cell of, a count below 1) is
+one line and exit 2 before anything runs (benchmarks/script_inputs.py).
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
@@ -29,6 +30,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "benchmarks"))
 from compare_metrics import compare  # noqa: E402
+from script_inputs import OneLineParser, experiment_file, positive_int  # noqa: E402
 
 MODES = {"side by side, 1 thread": (1, None), "in turn, 2 threads": (2, 1)}
 
@@ -45,11 +47,11 @@ def snakemake(work: Path, config: Path, *args: str) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--configfile", type=Path, default=REPO / "config" / "config.yaml")
+    ap = OneLineParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--configfile", type=experiment_file, default=str(REPO / "config" / "config.yaml"))
     ap.add_argument("--labels", nargs="+", default=["fedavg", "local"], help="method labels of the cells to train")
-    ap.add_argument("--cores", type=int, default=2)
-    ap.add_argument("--repeat", type=int, default=1, help="runs of each mode, alternating")
+    ap.add_argument("--cores", type=positive_int, default=2)
+    ap.add_argument("--repeat", type=positive_int, default=1, help="runs of each mode, alternating")
     ap.add_argument("--keep", action="store_true", help="keep the working folder")
     args = ap.parse_args(argv)
     sys.path.insert(0, str(REPO / "src"))
@@ -58,7 +60,8 @@ def main(argv: list[str] | None = None) -> int:
     exp = resolve_experiment(load_config(args.configfile))
     cells = [c for c in exp["cells"] if c["label"] in args.labels]
     if len(cells) != len(args.labels):
-        raise SystemExit(f"cells of {args.labels} in {args.configfile}: found {[c['label'] for c in cells]}")
+        ap.error(f"argument --labels: the cells of {args.labels} in {args.configfile} are {[c['label'] for c in cells]}; "
+                 f"allowed: distinct labels of one cell each, of {sorted({c['label'] for c in exp['cells']})}")
     work = Path(tempfile.mkdtemp(prefix="fedrepro-cell-threads-"))
     out = Path("results") / exp["experiment"]
     targets = [str(out / "runs" / c["dataset"] / c["partition"] / c["label"] / f"seed{c['seed']}" / "metrics.json")

@@ -7,15 +7,17 @@ every metrics.json below each is paired by its path relative to the folder. Two 
 their JSON is equal after dropping the wall-clock fields (`resources`' seconds and peak memory,
 which differ from run to run); every other field, floats included, must be equal to the bit.
 Prints one line per differing file (with the first differing keys), per file found on one side
-only, and a count; exits 1 when anything differs or nothing was compared.
+only, and a count; exits 1 when anything differs or nothing was compared, 2 for a folder that is
+not one or a metrics.json that cannot be read (benchmarks/script_inputs.py: one line, no traceback).
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from script_inputs import OneLineParser, existing_dir, read_json  # noqa: E402
 
 #: What differs from run to run of the same computation (metrics.json `resources`).
 WALL_CLOCK = {"wall_time_s", "train_time_s", "eval_time_s", "personal_eval_time_s", "peak_rss_mb", "peak_gpu_mb"}
@@ -45,7 +47,7 @@ def compare(before: Path, after: Path) -> tuple[int, list[str]]:
     lines = [f"only in {side}: {rel}" for side in found for rel in sorted(found[side].keys() - found["after" if side == "before" else "before"].keys())]
     common = sorted(found["before"].keys() & found["after"].keys())
     for rel in common:
-        a, b = (without_timings(json.loads(found[s][rel].read_text())) for s in ("before", "after"))
+        a, b = (without_timings(read_json(found[s][rel], "metrics file")) for s in ("before", "after"))
         diff = differences(a, b)
         if diff:
             lines.append(f"differs: {rel}: {', '.join(diff[:5])}" + (f" (+{len(diff) - 5} more)" if len(diff) > 5 else ""))
@@ -53,9 +55,9 @@ def compare(before: Path, after: Path) -> tuple[int, list[str]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("before", type=Path)
-    ap.add_argument("after", type=Path)
+    ap = OneLineParser(description=__doc__.splitlines()[0])
+    ap.add_argument("before", type=existing_dir)
+    ap.add_argument("after", type=existing_dir)
     args = ap.parse_args(argv)
     n, lines = compare(args.before, args.after)
     for line in lines:

@@ -5,13 +5,14 @@
 Reads the stages' table (<work>/stages.tsv: name, exit status, seconds), the cuda tests' JUnit
 XML, every workflow stage's cells (<work>/<stage>/results/<experiment>/runs/**/metrics.json) and
 the throughput rows; writes <out>/summary.json with `checks` (each a boolean) and `ok` (all of
-them), and exits 1 unless ok. docs/gpu.md says what each check means.
+them), and exits 1 unless ok. docs/gpu.md says what each check means. Every file is read bounded and
+without blocking (benchmarks/script_inputs.py): one that is not a regular file, too large or not JSON
+where JSON is due ends the script with one line naming it (exit 2).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import platform
@@ -25,6 +26,9 @@ sys.path.insert(0, str(REPO / "src"))
 
 from fedrepro.io import write_json_atomic  # noqa: E402
 
+sys.path.insert(0, str(REPO / "benchmarks"))
+from script_inputs import OneLineParser, existing_dir, fail, read_json, read_text  # noqa: E402
+
 WORKFLOW_STAGES = ("workflow_test", "workflow_default")
 
 
@@ -33,7 +37,7 @@ def read_stages(path: Path) -> dict[str, dict]:
     (benchmarks/gpu_launch.sh: 'no .pfllib')."""
     stages = {}
     if path.exists():
-        for line in path.read_text().splitlines():
+        for line in read_text(path, "stage table").splitlines():
             name, rc, seconds, *why = line.split("\t")
             rc = int(rc)
             status = {0: "ok", 124: "timeout", 137: "timeout", -1: "skipped"}.get(rc, "failed")
@@ -45,7 +49,10 @@ def read_junit(path: Path) -> dict | None:
     """Counts of the JUnit XML of pytest and the failed tests (name: first line of the message)."""
     if not path.exists():
         return None
-    root = ET.parse(path).getroot()
+    try:
+        root = ET.fromstring(read_text(path, "JUnit report"))
+    except ET.ParseError as exc:
+        fail(f"JUnit report {str(path)!r}: not valid XML ({exc}); allowed: pytest's --junitxml report")
     suites = [root] if root.tag == "testsuite" else list(root.iter("testsuite"))
     counts = {k: sum(int(s.get(k, 0)) for s in suites) for k in ("tests", "failures", "errors", "skipped")}
     failed = {}
@@ -73,7 +80,7 @@ def job_interval(benchmark: Path) -> tuple[float, float] | None:
     job's wall seconds `s`."""
     if not benchmark.exists():
         return None
-    rows = benchmark.read_text().splitlines()
+    rows = read_text(benchmark, "benchmark file").splitlines()
     seconds = float(rows[1].split("\t")[rows[0].split("\t").index("s")])
     end = benchmark.stat().st_mtime
     return end - seconds, end
@@ -87,7 +94,7 @@ def read_cells(stage_dir: Path) -> dict | None:
         return None
     cells, intervals = {}, []
     for f in files:
-        m = json.loads(f.read_text())
+        m = read_json(f, "metrics file")
         res = m.get("resources") or {}
         summary = m.get("summary") or {}
         key = str(f.parent.relative_to(stage_dir / "results"))
@@ -108,7 +115,7 @@ def read_cells(stage_dir: Path) -> dict | None:
 def read_throughput(path: Path) -> dict | None:
     if not path.exists():
         return None
-    data = json.loads(path.read_text())
+    data = read_json(path, "throughput file")
     keep = ("row", "clients", "batch", "vectorized", "rounds_per_s", "samples_per_s", "ratio_to_central", "busy",
             "peak_round_mb", "before_round_mb")
     return {"device": data.get("device"), "rows": [{k: r.get(k) for k in keep if k in r} for r in data["rows"]]}
@@ -161,9 +168,9 @@ def environment() -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--mode", choices=["gpu", "cpu"], required=True)
-    ap.add_argument("--work", type=Path, required=True)
+    ap.add_argument("--work", type=existing_dir, required=True)
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--clients", type=int, required=True, help="clients of the throughput stage's vectorized round")
     args = ap.parse_args(argv)

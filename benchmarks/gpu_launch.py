@@ -21,7 +21,6 @@ goals' values without checking them.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import sys
@@ -34,10 +33,12 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 
 from gpu_check import cuda_tests_check, environment, finite_positive, read_cells, read_junit, read_stages  # noqa: E402
 from gpu_throughput import cumulative_paths  # noqa: E402
+from script_inputs import OneLineParser, existing_dir, fail, read_json  # noqa: E402
 
 from fedrepro.config import load_and_resolve  # noqa: E402
 from fedrepro.io import write_json_atomic  # noqa: E402
 from fedrepro.overrides import split_items  # noqa: E402
+from fedrepro.registry import ConfigError  # noqa: E402
 
 #: The issue's goals on one GPU, at PFLlib's protocol (evaluation every round).
 FEDAVG_S_PER_ROUND = 0.5
@@ -56,7 +57,7 @@ def read_rows(*paths: Path) -> tuple[list[dict], str | None]:
     rows, device = [], None
     for path in paths:
         if path.exists():
-            data = json.loads(path.read_text())
+            data = read_json(path, "lever rows file")
             rows += data["rows"]
             device = data.get("device")
     return rows, device
@@ -66,7 +67,7 @@ def read_pfllib(work: Path) -> dict[str, dict]:
     """PFLlib's s/round per fedrepro method, from parity_pfllib.py's JSON of each method's stage."""
     out = {}
     for path in sorted(work.glob("pfllib_*.json")):
-        for row in json.loads(path.read_text())["rows"]:
+        for row in read_json(path, "PFLlib rows file")["rows"]:
             if finite_positive(row.get("pfllib_s_per_round")):
                 out[row["fedrepro_method"]] = {"row": row["row"], "s_per_round": row["pfllib_s_per_round"],
                                                "acc": row.get("pfllib_acc")}
@@ -136,11 +137,14 @@ def cells_per_hour(work: Path, stages: dict, config: str | None, sets: str) -> d
     results = work / "cells_per_hour" / "results"
     wf = read_cells(work / "cells_per_hour") or {"cells": {}, "max_cells_at_once": 0}
     finished = sum(c["status"] == "ok" for c in wf["cells"].values())
-    planned = len(load_and_resolve([config], split_items(sets))[1]["cells"]) if config else None
+    try:
+        planned = len(load_and_resolve([config], split_items(sets))[1]["cells"]) if config else None
+    except ConfigError as exc:
+        fail(f"argument --cells-config/--cells-set: {exc}")
     # what the cells trained with (their provenance): the overrides reached every job
     provenances = [results / key / "provenance.json" for key in wf["cells"]]
     trained = {(bool(t.get("vectorize")), tuple(t.get("levers") or ())) for p in provenances if p.exists()
-               for t in [json.loads(p.read_text())["cell"]["training"]]}
+               for t in [read_json(p, "provenance file")["cell"]["training"]]}
     return {"config": config, "set": sets, "planned_cells": planned, "finished_cells": finished,
             "vectorize_and_levers": sorted([v, list(levers)] for v, levers in trained),
             "devices": sorted({str(c["device"]) for c in wf["cells"].values()}), "wall_s": stage["seconds"],
@@ -221,9 +225,9 @@ def profiles(by_method: dict[str, list[dict]]) -> dict[str, dict]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--mode", choices=["gpu", "cpu"], required=True)
-    ap.add_argument("--work", type=Path, required=True)
+    ap.add_argument("--work", type=existing_dir, required=True)
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--methods", nargs="+", required=True, help="methods whose lever rows must all have run")
     ap.add_argument("--cells-config", default=None, help="the cells-per-hour workflow's experiment")

@@ -96,6 +96,7 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from parity_pfllib import client_tensors, key_of, write_json  # noqa: E402  (one definition: the engine's tensors, cache keys, atomic JSON)
+from script_inputs import read_json  # noqa: E402  (bounded, never blocking)
 
 os.environ.setdefault("TQDM_DISABLE", "1")  # the code's client loops wrap every batch in tqdm (read when tqdm is imported)
 REPO = Path(__file__).resolve().parents[1]
@@ -635,7 +636,7 @@ def main(argv: list[str] | None = None) -> None:
         c0.pop("seed")
         path = args.work / "cache" / f"{cell['label']}__{key_of(c0)}__seed{cell['seed']}.json"
         if path.exists() and not args.rerun:
-            results[(side, r.name, cell["seed"])] = json.loads(path.read_text())
+            results[(side, r.name, cell["seed"])] = read_json(path, "cached result")
             continue
         print(f"[parity] {side} {r.name} seed {cell['seed']}", file=sys.stderr)
         old = sys.stdout

@@ -64,6 +64,9 @@ from typing import Any
 
 import numpy as np
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from script_inputs import read_json  # noqa: E402  (bounded, never blocking: a FIFO or device in --work is one line, exit 2)
+
 # --------------------------------------------------------------------------------------------
 # The method mapping. One row per compared number. `pfllib`: the PFLlib algorithm (-algo) and
 # the main.py arguments that differ from PFLlib's defaults; `fedrepro`: the registered method,
@@ -213,10 +216,6 @@ def write_json(path: Path, obj: Any) -> None:
     tmp = path.with_suffix(path.suffix + ".tmp")
     tmp.write_text(json.dumps(obj, indent=1, sort_keys=True, default=str))
     os.replace(tmp, path)
-
-
-def read_json(path: Path) -> Any:
-    return json.loads(path.read_text())
 
 
 def mean_std(values: list[float]) -> tuple[float, float]:

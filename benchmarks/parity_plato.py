@@ -637,6 +637,14 @@ def e2e_shims() -> None:
             p, queries, query_labels.long(), distance_type)
 
 
+def read_json(path: Path, what: str) -> dict:
+    """benchmarks/script_inputs.read_json (bounded, never blocking; a bad file is one line, exit 2),
+    imported here only: the --inside and end-to-end runs import this module in Plato's interpreter."""
+    from script_inputs import read_json as bounded
+
+    return bounded(path, what)
+
+
 def run_e2e(args, row: str, seed: int, examples: Path, meta: dict) -> dict:
     """One Plato run of `row`; its per-round and per-client accuracies (Plato's CSVs)."""
     import csv
@@ -646,7 +654,7 @@ def run_e2e(args, row: str, seed: int, examples: Path, meta: dict) -> dict:
     base = args.work / "e2e" / f"{row}_r{args.rounds}_s{seed}"
     cache = base / "record.json"
     if cache.exists() and not args.rerun:
-        return json.loads(cache.read_text())
+        return read_json(cache, "cached record")
     shutil.rmtree(base, ignore_errors=True)
     base.mkdir(parents=True)
     (base / "config.yml").write_text(yaml.safe_dump(e2e_config(row, seed, args.rounds, meta, args.work / "data", base,
@@ -681,7 +689,7 @@ def run_e2e(args, row: str, seed: int, examples: Path, meta: dict) -> dict:
 
 def fedrepro_client_accuracies(metrics_file: Path) -> dict[str, float]:
     """fedrepro's personalized accuracy of every client, training and novel, by client id."""
-    m = json.loads(metrics_file.read_text())
+    m = read_json(metrics_file, "metrics file")
     out = dict(zip(map(str, m["clients"]["ids"]), m["final"]["personal"]["acc"]))
     out.update(zip(map(str, m["clients"]["unseen_ids"]), m["final"]["unseen_personal"]["acc"]))
     return out
@@ -704,7 +712,7 @@ def e2e_markdown(recs: list[dict], fedrepro_runs: Path | None) -> str:
             f = next(iter(sorted(fedrepro_runs.glob(f"*/{r['row']}/seed{r['seed']}/metrics.json"))), None)
             if f:
                 acc = fedrepro_client_accuracies(f)
-                m = json.loads(f.read_text())
+                m = read_json(f, "metrics file")
                 same = f"{100 * np.mean([acc[i] for i in ids]):.2f}"
                 all_ = f"{100 * m['summary']['personal_acc']['mean']:.2f} / {100 * m['summary']['unseen_personal_acc']['mean']:.2f}"
                 spr = f"{(m['resources']['train_time_s'] + m['resources']['eval_time_s']) / r['rounds']:.2f}"
@@ -751,7 +759,7 @@ def stage(plato: Path, work: Path) -> Path:
 def run_row(args, row: str, seed: int, examples: Path, src: str) -> dict:
     cache = args.work / "cache" / f"{row}_s{seed}_{src}.json"
     if cache.exists() and not args.rerun:
-        return json.loads(cache.read_text())
+        return read_json(cache, "cached record")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(args.plato)]), "OMP_NUM_THREADS": "1"}
     cmd = [args.plato_python, str(Path(__file__).resolve()), "--inside", row, "--seed", str(seed), "--work", str(args.work),
            "--examples", str(examples)]
@@ -793,7 +801,9 @@ def markdown(records: list[dict]) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    from script_inputs import OneLineParser, existing_dir  # usage errors on one line, exit 2
+
+    ap = OneLineParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--plato", type=Path, help="a checkout of TL-System/plato (read only)")
     ap.add_argument("--plato-python", default=None, help="the interpreter of Plato's environment")
     ap.add_argument("--shards", type=Path, help="a fedrepro partition folder (results/shards/<dataset>/<id>)")
@@ -806,7 +816,7 @@ def main(argv: list[str] | None = None) -> None:
                     help="also run these rows end to end in Plato (its main(), its server and client processes)")
     ap.add_argument("--rounds", type=int, default=PROTOCOL["rounds"], help="rounds of the --e2e runs")
     ap.add_argument("--e2e-timeout", type=int, default=3600)
-    ap.add_argument("--fedrepro-runs", type=Path, default=None,
+    ap.add_argument("--fedrepro-runs", type=existing_dir, default=None,
                     help="results/<experiment>/runs/<dataset> of fedrepro's cells with the same protocol and rounds")
     ap.add_argument("--inside", help=argparse.SUPPRESS)
     ap.add_argument("--seed", type=int, help=argparse.SUPPRESS)
@@ -828,7 +838,7 @@ def main(argv: list[str] | None = None) -> None:
     examples = stage(args.plato, args.work)
     src = source_hash(examples, args.plato / "plato", ROOT / "src" / "fedrepro")
     if args.e2e is not None:
-        meta = json.loads((args.work / "data" / "clients.json").read_text())
+        meta = read_json(args.work / "data" / "clients.json", "exported clients file")
         recs = [run_e2e(args, row, seed, examples, meta) for row in (args.e2e or list(E2E_ROWS)) for seed in args.seeds]
         table = e2e_markdown(recs, args.fedrepro_runs)
         (args.work / f"parity_plato_e2e_r{args.rounds}.md").write_text(table)

@@ -12,12 +12,12 @@ end (seconds from the start, from Snakemake's log), each cell's job time (Snakem
 files) with its train / evaluation / personalized-evaluation seconds (metrics.json `resources`),
 the final summary of every cell, and whether each cell's metrics.json equals the other version's
 (benchmarks/compare_metrics.py: every field but the wall-clock ones). Give an idle machine: the
-numbers are wall times.
+numbers are wall times. A bad argument (a revision that names no commit, a config that fedrepro
+cannot resolve, --repeat below 1) is one line and exit 2 before anything runs (benchmarks/script_inputs.py).
 """
 
 from __future__ import annotations
 
-import argparse
 import io
 import json
 import os
@@ -33,6 +33,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "benchmarks"))
 from compare_metrics import differences, without_timings  # noqa: E402
+from script_inputs import OneLineParser, experiment_file, positive_int, read_json, read_text, revision  # noqa: E402
 
 STAMP = re.compile(r"^\[(\w{3} \w{3} +\d+ \d\d:\d\d:\d\d \d{4})\]$")
 RULE = re.compile(r"^(?:local)?rule (\w+):$")
@@ -42,10 +43,10 @@ FINISHED = re.compile(r"^Finished jobid: (\d+) \(Rule: (\w+)\)$")
 MESSAGE = re.compile(r"^Job (\d+): .*?(?:/([^/ ]+)/seed\d+\b.*)?$")  # a rule's `message:` (a cell's: .../label/seedN)
 
 
-def tree_at(rev: str) -> Path:
-    """The files of git revision `rev`, unpacked into a new folder."""
-    tree = Path(tempfile.mkdtemp(prefix=f"fedrepro-quickstart-{rev}-"))
-    archive = subprocess.run(["git", "archive", rev], cwd=REPO, capture_output=True, check=True).stdout
+def tree_at(commit: str) -> Path:
+    """The files of the commit whose hash is `commit` (script_inputs.revision), unpacked into a new folder."""
+    tree = Path(tempfile.mkdtemp(prefix=f"fedrepro-quickstart-{commit[:10]}-"))
+    archive = subprocess.run(["git", "archive", commit], cwd=REPO, capture_output=True, check=True).stdout
     with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
         tar.extractall(tree, filter="data")
     return tree
@@ -100,7 +101,7 @@ def run_once(tree: Path, config_text: str, keep: bool) -> dict:
     exp = next(p for p in (work / "results").iterdir() if (p / "summary.json").exists())
     cells, metrics_of = {}, {}
     for metrics in sorted(exp.glob("runs/*/*/*/seed*/metrics.json")):
-        m = json.loads(metrics.read_text())
+        m = read_json(metrics, "metrics file")
         r = m["resources"]
         label = m["cell"]["label"]
         metrics_of[label] = without_timings(m)
@@ -118,15 +119,16 @@ def run_once(tree: Path, config_text: str, keep: bool) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--before-rev", default="main", help="git revision whose tree (code, workflow, config) is 'before'")
-    ap.add_argument("--after", type=Path, default=REPO / "config" / "config.yaml", help="the working tree's config")
-    ap.add_argument("--repeat", type=int, default=1, help="runs of each version, alternating")
+    ap = OneLineParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--before-rev", default="main", type=revision,
+                    help="git revision whose tree (code, workflow, config) is 'before'")
+    ap.add_argument("--after", type=experiment_file, default=str(REPO / "config" / "config.yaml"), help="the working tree's config")
+    ap.add_argument("--repeat", type=positive_int, default=1, help="runs of each version, alternating")
     ap.add_argument("--keep", action="store_true", help="keep the working folders")
     args = ap.parse_args(argv)
     before_tree = tree_at(args.before_rev)
-    versions = {f"before ({args.before_rev})": (before_tree, (before_tree / "config" / "config.yaml").read_text()),
-                "after": (REPO, args.after.read_text())}
+    versions = {f"before ({args.before_rev[:10]})": (before_tree, read_text(before_tree / "config" / "config.yaml", "config file")),
+                "after": (REPO, read_text(args.after, "config file"))}
     print(f"host: {os.cpu_count()} CPUs, load average before: {os.getloadavg()}", flush=True)
     results: dict[str, list[dict]] = {name: [] for name in versions}
     try:

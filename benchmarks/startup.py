@@ -14,12 +14,13 @@ whole jobs, then more runs stopped once started up to --start-repeat; printed pe
   wall_s       a whole job (1 round: start-up, the round, scoring, writing metrics.json)
   import_s     the sum of `python -X importtime`'s top-level module times of one more whole job
 and the ratio after/before of each, and whether the two versions' metrics.json agree (timings aside).
-Give an idle machine: the numbers are wall times.
+Give an idle machine: the numbers are wall times. A bad argument (a revision that names no commit,
+no --raw-root folder, an unknown --label, a count below 1) is one line and exit 2 before anything
+runs (benchmarks/script_inputs.py).
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import re
@@ -35,11 +36,13 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "benchmarks"))
 from compare_metrics import without_timings  # noqa: E402
+from script_inputs import OneLineParser, error_line, existing_dir, fail, positive_int, read_json, revision  # noqa: E402
 
 
-def source_tree(rev: str, into: Path) -> Path:
-    """src/ of `rev`, unpacked into `into` (read from git; the working tree is not touched)."""
-    blob = subprocess.run(["git", "archive", rev, "src"], cwd=REPO, capture_output=True, check=True).stdout
+def source_tree(commit: str, into: Path) -> Path:
+    """src/ of the commit whose hash is `commit` (script_inputs.revision), unpacked into `into` (read from
+    git; the working tree is not touched)."""
+    blob = subprocess.run(["git", "archive", commit, "--", "src"], cwd=REPO, capture_output=True, check=True).stdout
     with tarfile.open(fileobj=BytesIO(blob)) as tar:
         tar.extractall(into, filter="data")
     return into / "src"
@@ -80,13 +83,13 @@ def run_job(src: Path, cell: str, shards: Path, out: Path, importtime: bool = Fa
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--before-rev", default="HEAD", help="git revision whose src/ is 'before'")
-    ap.add_argument("--raw-root", type=Path, default=REPO / "results" / "raw" / "fmnist")
+    ap = OneLineParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--before-rev", default="HEAD", type=revision, help="git revision whose src/ is 'before'")
+    ap.add_argument("--raw-root", type=existing_dir, default=str(REPO / "results" / "raw" / "fmnist"))
     ap.add_argument("--label", default="fedavg", help="the default experiment's cell (local, fedavg, fedavg_ft)")
-    ap.add_argument("--rounds", type=int, default=1)
-    ap.add_argument("--repeat", type=int, default=2, help="whole jobs of each version, alternating (at least 1)")
-    ap.add_argument("--start-repeat", type=int, default=6, help="runs of each version in all, alternating, the ones "
+    ap.add_argument("--rounds", type=positive_int, default=1)
+    ap.add_argument("--repeat", type=positive_int, default=2, help="whole jobs of each version, alternating (at least 1)")
+    ap.add_argument("--start-repeat", type=positive_int, default=6, help="runs of each version in all, alternating, the ones "
                     "beyond --repeat stopped once started (start-up only)")
     ap.add_argument("--keep", action="store_true", help="keep the working folder (shards, both versions' outputs)")
     args = ap.parse_args(argv)
@@ -95,13 +98,19 @@ def main(argv: list[str] | None = None) -> int:
     from fedrepro.overrides import cli_items
 
     _, exp = load_and_resolve([str(REPO / "config" / "config.yaml")], cli_items([f"training.rounds={args.rounds}"]))
-    cell = next(c for c in exp["cells"] if c["label"] == args.label)
+    cell = next((c for c in exp["cells"] if c["label"] == args.label), None)
+    if cell is None:
+        ap.error(f"argument --label: unknown label: {args.label!r}; allowed: one of {sorted(c['label'] for c in exp['cells'])}")
     work = Path(tempfile.mkdtemp(prefix="fedrepro-startup-"))
     shards = work / cell["partition_id"]
     spec = json.dumps(next(p["spec"] for p in exp["partitions"] if p["id"] == cell["partition_id"]))
-    subprocess.run([sys.executable, "-m", "fedrepro", "partition", "--spec", spec, "--root", str(args.raw_root), "--out",
-                    str(shards)], check=True, capture_output=True, env={**os.environ, "PYTHONPATH": str(REPO / "src")})
-    versions = {f"before ({args.before_rev})": source_tree(args.before_rev, work / "before"), "after (working tree)": REPO / "src"}
+    proc = subprocess.run([sys.executable, "-m", "fedrepro", "partition", "--spec", spec, "--root", str(args.raw_root), "--out",
+                           str(shards)], capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO / "src")})
+    if proc.returncode != 0:
+        shutil.rmtree(work)
+        fail(f"argument --raw-root {str(args.raw_root)!r}: no partition built from it "
+             f"({error_line(proc.stderr)}); allowed: the raw data `fedrepro prepare` writes")
+    versions = {f"before ({args.before_rev[:10]})": source_tree(args.before_rev, work / "before"), "after (working tree)": REPO / "src"}
     print(f"host: {os.cpu_count()} CPUs, load average before: {os.getloadavg()}; cell {args.label}, {args.rounds} round(s)",
           flush=True)
     cell_json = json.dumps(cell, sort_keys=True)
@@ -118,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{name}: " + ", ".join(f"{k} {v:.2f}" for k, v in best[name].items()))
     (b, a) = best.values()
     print("after/before: " + ", ".join(f"{k} {a[k] / b[k]:.2f}" for k in b))
-    metrics = [without_timings(json.loads((work / n.split()[0] / "out0" / "metrics.json").read_text())) for n in versions]
+    metrics = [without_timings(read_json(work / n.split()[0] / "out0" / "metrics.json", "metrics file")) for n in versions]
     print("metrics.json (timings aside): " + ("identical" if metrics[0] == metrics[1] else "DIFFERENT"))
     print(f"load average after: {os.getloadavg()}" + (f"; files in {work}" if args.keep else ""))
     if not args.keep:

@@ -19,6 +19,7 @@ from fedrepro.config import resolve_experiment
 from fedrepro.data.datasets import load_dataset
 from fedrepro.data.shards import write_partition
 from fedrepro.engine.finetune import FINAL_MODEL, base_problem
+from fedrepro.io import sha256_file
 from fedrepro.registry import ConfigError
 from fedrepro.report.aggregate import summary_frame
 from fedrepro.report.tables import finetune_note
@@ -209,6 +210,108 @@ def test_plus_ft_row_sweeps_its_fine_tuning_hparams(capsys, tmp_path):
            "x_ft-ft_epochs2 <- fedavg)" in capsys.readouterr().out
 
 
+# -- final models that are not believed (issue 46) --------------------------------------------------
+
+def base_copy(trained, tmp_path: Path, label: str, provenance=lambda doc: doc) -> Path:
+    """A copy of base cell `label`'s run folder without its final model (its provenance.json passed
+    through `provenance`): where the final model is then put, or found missing."""
+    src, dst = trained["_root"] / label, tmp_path / f"base_{label}"
+    dst.mkdir(parents=True)
+    (dst / "metrics.json").write_bytes((src / "metrics.json").read_bytes())
+    (dst / "provenance.json").write_text(json.dumps(provenance(json.loads((src / "provenance.json").read_text()))))
+    return dst
+
+
+def edited(trained, change) -> dict:
+    """fedavg's final model, changed by `change`."""
+    state = torch.load(trained["_root"] / "fedavg" / FINAL_MODEL, weights_only=True)
+    change(state)
+    return state
+
+
+def first_param(state: dict) -> str:
+    return next(iter(state["server"]["global"]))
+
+
+@pytest.mark.parametrize("change,words", [
+    (lambda s: s["rng"].update(cpu=torch.zeros(10, dtype=torch.uint8)),
+     "rng.cpu is a uint8 tensor of shape (10,); expected a uint8 tensor of shape (5056,)"),
+    (lambda s: s["rng"].update(cpu=torch.get_rng_state().double()), "rng.cpu is a float64 tensor of shape (5056,)"),
+    (lambda s: s["server"]["global"].update({first_param(s): torch.zeros(3, 3)}), "a float32 tensor of shape (3, 3); expected"),
+    (lambda s: s["server"]["global"].update({first_param(s): s["server"]["global"][first_param(s)].half()}), "is a float16 tensor"),
+    (lambda s: s["server"]["global"].pop(first_param(s)), "is missing"),
+    (lambda s: s["server"]["global"].update(extra=torch.zeros(1)), "server.global.extra is unknown"),
+    (lambda s: s["server"].update({"global": "weights"}), "server.global is a str; expected a dict"),
+], ids=["rng-size", "rng-dtype", "param-shape", "param-dtype", "param-missing", "param-unknown", "params-not-a-dict"])
+def test_final_model_that_does_not_fit_the_model_is_refused(ft_exp, trained, tmp_path, capsys, change, words):
+    """Tensors of another shape or dtype than the row's model and torch's random generator take are
+    refused before any is used (torch.set_rng_state would raise with a traceback), naming the key."""
+    shards, cells = ft_exp
+    final = base_copy(trained, tmp_path, "fedavg") / FINAL_MODEL
+    torch.save(edited(trained, change), final)
+    assert finetune(cells["fedavg_ft"], cells["fedavg"], shards, tmp_path / "row", final) == 2
+    err = capsys.readouterr().err
+    assert f"final model {final} does not fit the cell's model and random generator" in err and words in err, err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1 and not (tmp_path / "row" / "metrics.json").exists()
+
+
+def test_oversized_final_model_is_refused_unread(ft_exp, trained, tmp_path, capsys, monkeypatch):
+    """A final model larger than the cell's model and records can be (here a 24 MB random state) is
+    refused by its size, before torch reads it."""
+    shards, cells = ft_exp
+    final = base_copy(trained, tmp_path, "fedavg") / FINAL_MODEL
+    torch.save(edited(trained, lambda s: s["rng"].update(cpu=torch.zeros(24 << 20, dtype=torch.uint8))), final)
+    monkeypatch.setattr(torch, "load", lambda *a, **k: pytest.fail("torch.load of an oversized final model"))
+    assert finetune(cells["fedavg_ft"], cells["fedavg"], shards, tmp_path / "row", final) == 2
+    err = capsys.readouterr().err
+    assert re.search(rf"final model {re.escape(str(final))} holds {final.stat().st_size:,} bytes; allowed: at most [\d,]+ "
+                     r"\(its cell's model and records\); retrain its cell", err), err
+    assert "Traceback" not in err and not (tmp_path / "row" / "metrics.json").exists()
+
+
+def test_deleted_final_model_is_told_from_one_never_kept(ft_exp, trained, tmp_path, capsys):
+    """A cell's provenance.json records the final model it kept: one deleted since is said missing,
+    with how to regenerate it (the row is neither kept nor trained in full); a cell trained before
+    final models were kept records none."""
+    shards, cells = ft_exp
+    kept = json.loads((trained["_root"] / "fedavg" / "provenance.json").read_text())["final_model"]
+    assert kept == {"file": FINAL_MODEL, "sha256": sha256_file(trained["_root"] / "fedavg" / FINAL_MODEL)}
+    for row, base in (("fedavg_ft", "fedavg"), ("ditto_ft", "ditto")):  # a row with a trained form, a "+FT" row
+        final = base_copy(trained, tmp_path, base) / FINAL_MODEL
+        assert finetune(cells[row], cells[base], shards, tmp_path / row, final) == 2
+        err = capsys.readouterr().err
+        assert f"final model {final} is missing: its cell {base}/seed0 kept one" in err, err
+        assert f"retrain that cell to regenerate it (delete its metrics.json, or snakemake --forcerun {final.parent}/metrics.json)" in err
+        assert "before final models were kept" not in err and "Traceback" not in err
+        assert not (tmp_path / row / "metrics.json").exists()
+    old = base_copy(trained, tmp_path / "old", "ditto", lambda doc: {k: v for k, v in doc.items() if k != "final_model"})
+    assert finetune(cells["ditto_ft"], cells["ditto"], shards, tmp_path / "old_row", old / FINAL_MODEL) == 2
+    err = capsys.readouterr().err
+    assert "was trained before final models were kept (its provenance.json records none); retrain it" in err, err
+
+
+def test_derived_row_records_the_final_model_it_was_scored_from(ft_exp, trained, tmp_path, capsys):
+    """The row's provenance.json records the sha256 of the final model it read; a final model of the
+    right cell and layout that is not the one its cell's provenance.json records was replaced after
+    training and is refused."""
+    shards, cells = ft_exp
+    final = base_copy(trained, tmp_path, "fedavg") / FINAL_MODEL
+    final.write_bytes((trained["_root"] / "fedavg" / FINAL_MODEL).read_bytes())
+    assert finetune(cells["fedavg_ft"], cells["fedavg"], shards, tmp_path / "row", final) == 0
+    derived = json.loads((tmp_path / "row" / "provenance.json").read_text())["derived_from"]
+    assert derived["sha256"] == sha256_file(final) and derived["final_model"] == str(final)
+
+    def nudge(state):
+        state["server"]["global"][first_param(state)] += 0.01  # same cell, same layout, other weights
+
+    torch.save(edited(trained, nudge), final)
+    assert finetune(cells["fedavg_ft"], cells["fedavg"], shards, tmp_path / "row2", final) == 2
+    err = capsys.readouterr().err
+    assert f"final model {final} is not the one its cell kept (sha256 {sha256_file(final)[:12]}..., its provenance.json " \
+           f"records {derived['sha256'][:12]}...): it was replaced after training; retrain its cell" in err, err
+    assert not (tmp_path / "row2" / "metrics.json").exists()
+
+
 # -- the workflow -----------------------------------------------------------------------------------
 
 def workflow_config(tmp_path: Path) -> Path:
@@ -235,6 +338,59 @@ def test_workflow_plans_the_row_after_its_base_without_training_it(tmp_path):
     node = {job: n for n, job in jobs.items()}
     assert (node["train", "fedavg"], node["finetune", "fedavg_ft"]) in edges  # after its base's training job
 
+
+def test_replaced_final_model_makes_the_row_stale(tmp_path):
+    """A final model replaced after its cell trained (newer than its metrics.json) is an input of the
+    rows scored from it: `snakemake -n` plans the row again, not the base; a finished experiment
+    whose final models are as training wrote them plans nothing."""
+    import os
+
+    from test_workflow import snakemake
+
+    from fedrepro.planning import WorkflowPlan
+
+    config = workflow_config(tmp_path)
+    plan = WorkflowPlan(resolve_experiment(yaml.safe_load(config.read_text())))
+    cells = {c["label"]: c for c in plan.exp["cells"]}
+    base, row = (tmp_path / plan.run_dir(cells[label]) for label in ("fedavg", "fedavg_ft"))
+    # a finished experiment as its jobs leave it, oldest first (rule train writes the final model first)
+    files = [tmp_path / plan.raw_marker("digits"), tmp_path / plan.shard_dir("digits", "dir0.5"),
+             base / FINAL_MODEL, base / "provenance.json", base / "metrics.json", row / "provenance.json", row / "metrics.json"]
+    files[1].mkdir(parents=True)
+    for i, path in enumerate(files):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if path != files[1]:
+            path.write_text("{}")
+        os.utime(path, (1e9 + i, 1e9 + i))
+    target = str(row.relative_to(tmp_path) / "metrics.json")
+    assert "Nothing to be done" in snakemake("-n", target, "--configfile", str(config), cwd=tmp_path).stdout
+    (base / FINAL_MODEL).write_text("another model")  # replaced: newer than its cell's metrics.json
+    plan_text = snakemake("-n", target, "--configfile", str(config), cwd=tmp_path).stdout
+    assert set(re.findall(r"^(\w+)\s+(\d+)$", plan_text, re.M)) == {("finetune", "1"), ("total", "1")}, plan_text  # job stats
+    assert f"Reason: Updated input files: {base.relative_to(tmp_path) / FINAL_MODEL}" in plan_text, plan_text
+
+
+
+@pytest.mark.slow
+def test_row_scored_with_its_base_is_up_to_date_until_the_final_model_is_replaced(tmp_path):
+    """The real workflow: a row scored in the run that trains its base is up to date afterwards (its
+    inputs as Snakemake recorded them); a final model replaced since makes it stale, and its job
+    then refuses the file."""
+    from test_workflow import snakemake
+
+    config = workflow_config(tmp_path)
+    row = "results/ftrows/runs/digits/dir0.5/fedavg_ft/seed0/metrics.json"
+    final = tmp_path / "results/ftrows/runs/digits/dir0.5/fedavg/seed0" / FINAL_MODEL
+    args = (row, "--configfile", str(config), "--cores", "2", "--set-threads", "train=1", "finetune=1")
+    snakemake(*args, cwd=tmp_path)
+    assert "Nothing to be done" in snakemake("-n", *args, cwd=tmp_path).stdout
+    state = torch.load(final, weights_only=True)
+    state["server"]["global"][first_param(state)] += 0.01  # another model of the same layout
+    torch.save(state, final)
+    assert f"Reason: Updated input files: {final.relative_to(tmp_path)}" in snakemake("-n", *args, cwd=tmp_path).stdout
+    assert snakemake(*args, cwd=tmp_path, check=False).returncode != 0
+    log = tmp_path / "results/ftrows/logs/finetune/digits/dir0.5/fedavg_ft/seed0.log"
+    assert "is not the one its cell kept" in log.read_text()
 
 #: The last commit before fine-tuning rows were derived (issue 38): its workflow trained every row.
 BEFORE_DERIVED_ROWS = "69faaab"

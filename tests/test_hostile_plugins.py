@@ -6,6 +6,7 @@ plugin that exits while it loads is a ConfigError naming it (docs/security.md, d
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -148,6 +149,38 @@ def test_fedrepro_plugins_never_searches_the_working_tree(tmp_path, monkeypatch,
     assert rc == 2 and message == ("environment variable FEDREPRO_PLUGINS: plugin module 'tree_plugin' is not on PYTHONPATH "
                                    "nor installed; allowed: a module there (the current directory and the workflow folder "
                                    "are not searched: put the module's folder on PYTHONPATH, or install it)")
+
+
+@pytest.mark.parametrize("pythonpath,folder,ignored", [(".", "", "['.']"), (":{lib}", "", "['']"), ("{lib}:", "", "['']"),
+                                                      ("sub", "sub", "['sub']")])
+def test_pythonpath_entries_naming_the_working_folder_are_not_searched(tmp_path, monkeypatch, capsys, fresh_plugins,
+                                                                          pythonpath, folder, ignored):
+    """Issue 46: an empty, '.' or relative PYTHONPATH entry made the working folder (or one in it)
+    searchable, though docs/security.md says it never is: each is ignored, and the refusal says so."""
+    marker = tmp_path / "MARKER"
+    plant(tmp_path / folder, "tree_plugin", marker)
+    (tmp_path / "lib").mkdir()
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PYTHONPATH", pythonpath.format(lib=tmp_path / "lib"))
+    monkeypatch.syspath_prepend(str(tmp_path / folder))  # what such an entry does at a process start
+    monkeypatch.setenv(plugins.PLUGINS_ENV, "tree_plugin")
+    rc, message = validate(capsys, TEST_CONFIG)
+    assert not marker.exists()
+    assert rc == 2 and message == ("environment variable FEDREPRO_PLUGINS: plugin module 'tree_plugin' is not on PYTHONPATH "
+                                   "nor installed; allowed: a module there (the current directory and the workflow folder "
+                                   "are not searched: put the module's folder on PYTHONPATH, or install it; PYTHONPATH's "
+                                   f"relative or empty entries {ignored} are ignored too: name folders by absolute path)")
+
+
+def test_an_absolute_pythonpath_entry_beside_a_relative_one_still_loads(tmp_path, monkeypatch, fresh_plugins):
+    (tmp_path / "lib").mkdir()
+    (tmp_path / "lib" / "lab_methods.py").write_text(REGISTERS_A_METHOD)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PYTHONPATH", f".{os.pathsep}{tmp_path / 'lib'}")
+    monkeypatch.syspath_prepend(str(tmp_path / "lib"))
+    monkeypatch.setenv(plugins.PLUGINS_ENV, "lab_methods")
+    exp = resolve_experiment({**tiny_config(), "methods": {"mine": {"method": "mine_from_env"}}})
+    assert {c["method"] for c in exp["cells"]} == {"mine_from_env"}
 
 
 def test_a_module_on_pythonpath_shadowed_from_the_working_tree_is_refused(tmp_path, monkeypatch, fresh_plugins):

@@ -6,11 +6,13 @@ on stderr, and the command line still wins."""
 from __future__ import annotations
 
 import itertools
+import json
 import os
 import shutil
 import stat
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -108,7 +110,39 @@ def test_gpu_query_reads_nvidia_smi_and_survives_its_absence_and_hangs(tmp_path,
     monkeypatch.setenv("PATH", str(fake_nvidia_smi(tmp_path / "nodev", 'echo "No devices were found"; exit 6')))
     assert local_plan.query_gpus() == ([], "")
     monkeypatch.setenv("PATH", str(fake_nvidia_smi(tmp_path / "hang", f"exec {sleep} 30")))
-    assert local_plan.query_gpus(timeout=0.3) == ([], " (nvidia-smi gave no answer: TimeoutExpired)")
+    assert local_plan.query_gpus(timeout=0.3) == ([], " (nvidia-smi timed out after 0.3 s; planning without a GPU)")
+
+
+FLOOD = f"exec {shutil.which('yes')} '0, GPU-aa, 81000'"  # an nvidia-smi that prints without end
+NOT_UTF8 = r"printf '0, GPU-\377\376, 81000\n'"  # sh's printf: octal bytes 0xff 0xfe
+# what the query costs, in a fresh interpreter: its peak memory (VmHWM: ru_maxrss would count pytest's, kept across exec)
+MEASURE = ("import json, re, sys, time; from fedrepro.local_plan import query_gpus; t = time.monotonic(); "
+           "rows, note = query_gpus(timeout=float(sys.argv[1])); seconds = time.monotonic() - t; "
+           "peak = int(re.search(r'VmHWM:\\s*(\\d+)', open('/proc/self/status').read()).group(1)); "
+           "print(json.dumps([rows, note, seconds, peak]))")
+
+
+def test_a_flooding_nvidia_smi_is_stopped_by_its_size_and_named(tmp_path):
+    """Before (issue 46): the query read all it printed until the timeout, 8.9 GB in 12 s. Now it
+    stops at 1 MiB, kills it and plans without a GPU, saying why."""
+    env = {**os.environ, "PATH": str(fake_nvidia_smi(tmp_path / "flood", FLOOD))}
+    out = subprocess.run([sys.executable, "-c", MEASURE, "4"], env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr[-2000:]
+    rows, note, seconds, peak_kib = json.loads(out.stdout)
+    assert rows == [] and note == " (nvidia-smi printed more than 1 MiB; planning without a GPU)"
+    assert seconds < 4  # stopped by its size, not its time
+    assert peak_kib < 200 * 1024, f"peak memory {peak_kib // 1024} MiB"
+
+
+def test_a_hanging_or_non_utf8_nvidia_smi_gives_the_no_gpu_plan_naming_it(tmp_path, monkeypatch):
+    left = tmp_path / "still-running"  # written by what the hanging nvidia-smi started, were it left running
+    hang = fake_nvidia_smi(tmp_path / "hang", f"(sleep 1; touch {left}) & sleep 30")
+    monkeypatch.setenv("PATH", f"{hang}{os.pathsep}{os.path.dirname(shutil.which('sleep'))}")
+    assert local_plan.query_gpus(timeout=0.3) == ([], " (nvidia-smi timed out after 0.3 s; planning without a GPU)")
+    time.sleep(1.5)
+    assert not left.exists()  # killed with everything it started
+    monkeypatch.setenv("PATH", str(fake_nvidia_smi(tmp_path / "bytes", NOT_UTF8)))
+    assert local_plan.query_gpus() == ([], " (nvidia-smi printed output that is not UTF-8 (byte 7); planning without a GPU)")
 
 
 def test_available_memory_is_read_from_meminfo(tmp_path):
@@ -183,6 +217,14 @@ def test_command_line_and_environment_win_over_the_plan(machine, capsys):
     assert "at most 2 at once (FEDREPRO_GPU_SLOTS), 3 threads each (FEDREPRO_TRAIN_THREADS)" in capsys.readouterr().err
 
 
+def test_a_misbehaving_nvidia_smi_leaves_the_profile_planning_without_a_gpu(machine, tmp_path, capsys):
+    machine.setenv("PATH", f"{fake_nvidia_smi(tmp_path / 'flood', FLOOD)}{os.pathsep}{os.environ['PATH']}")
+    args = parse_profile("--cores", "8")
+    assert values(args.set_threads) == {rule: CPU_CELL_THREADS for rule in TRAINING_RULES}  # the no-GPU plan
+    assert ("no GPU (nvidia-smi printed more than 1 MiB; planning without a GPU); training cells run side by side"
+            in capsys.readouterr().err)
+
+
 def snakemake_env(**extra: str) -> dict:
     return {**os.environ, "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"], **extra}
 
@@ -196,6 +238,19 @@ def test_snakemake_says_the_plan_once_before_it_plans(tmp_path):
     lines = [line for line in proc.stderr.splitlines() if line.startswith("fedrepro: local profile:")]
     assert len(lines) == 1 and "no GPU; training cells run side by side" in lines[0], proc.stderr[-3000:]
     assert "fedrepro: local profile:" not in proc.stdout and "Building DAG" in proc.stdout + proc.stderr
+
+
+def test_snakemake_reads_the_profile_when_nvidia_smi_prints_non_utf8(tmp_path):
+    """Before (issue 46): "Couldn't parse config file ... UnicodeDecodeError", blaming the profile."""
+    smi = fake_nvidia_smi(tmp_path / "bin", NOT_UTF8)
+    proc = subprocess.run([sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "--directory", str(tmp_path),
+                           "-n", "--workflow-profile", str(PROFILE), "--configfile", str(REPO / "config" / "test.yaml")],
+                          cwd=tmp_path, env=snakemake_env(PATH=f"{smi}{os.pathsep}{snakemake_env()['PATH']}"),
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("fedrepro: local profile:")]
+    assert len(lines) == 1 and lines[0].startswith("fedrepro: local profile: no GPU (nvidia-smi printed output that is "
+                                                   "not UTF-8 (byte 7); planning without a GPU); "), proc.stderr[-3000:]
 
 
 def test_profile_file_asks_the_plan_after_the_guard():

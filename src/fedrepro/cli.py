@@ -148,11 +148,12 @@ def cmd_prepare(args) -> None:
 
 
 def cmd_partition(args) -> None:
-    from .data.datasets import load_dataset
+    from .data.datasets import load_dataset, resolve_dataset
     from .data.shards import partition_id, write_partition
 
     spec = args.spec
     pid = partition_id(spec)
+    resolve_dataset(spec["dataset"], spec.get("dataset_params"))  # an unknown dataset is named, not blamed on --out
     out = Path(args.out)
     if out.name != pid:
         raise ConfigError(f"--out {out}: the partition directory must be named by the spec's id {pid}")
@@ -316,10 +317,25 @@ def cmd_tuning_report(args) -> None:
 
 def cmd_aggregate(args) -> None:
     from .report.aggregate import load_cells, write_curves_csv, write_summary
+    from .verify import check_summaries
 
     cells = load_cells(args.metrics, expect=args.expect)
+    for path, cell in zip(args.metrics, cells):
+        check_summaries(cell, path)  # each summary statistic is what its per-client scores give
     write_summary(cells, args.csv, args.json)
     write_curves_csv(cells, args.curves)
+
+
+def cmd_verify(args) -> int:
+    from .verify import verify
+
+    if args.seed is not None and args.sample is None:
+        raise ConfigError("--seed goes with --sample (it draws the sampled cells)")
+    def train(argv: list[str]) -> None:  # `fedrepro train ...` in this process (cmd_train)
+        trained = build_parser().parse_args(argv)
+        trained.func(trained)
+
+    return verify(args.results, train, args.cells, args.sample, args.seed or 0)
 
 
 def cmd_tables(args) -> None:
@@ -383,13 +399,18 @@ def cmd_readings(args) -> None:
                     problems += found
                     continue
             found += rd.mark_violations(ledger)
+            source, wrong, notes = rd.verify(ledger)  # the measured: block against the results, where present
+            found += wrong
             pending = rd.incomplete(ledger) if ledger.targets else []
             if args.complete:
                 found += pending
             problems += found
+            recomputed = f" (recomputed from {source}: {f'{len(wrong)} problem(s)' if wrong else 'agrees'})" if source else ""
             print(f"{ledger.rel}: {f'{len(found)} problem(s)' if found else 'ok'}, {len(ledger.readings)} reading(s), "
-                  f"{'measured' if ledger.measured else 'not measured yet'}"
+                  f"{'measured' + recomputed if ledger.measured else 'not measured yet'}"
                   f"{f', {len(pending)} entry(ies) not yet measured' if pending else ''}")
+            for line in notes:
+                print(f"  {line}")
             if pending and not args.complete:
                 for line in pending:
                     print(f"  not yet measured: {line}")
@@ -399,8 +420,17 @@ def cmd_readings(args) -> None:
             raise ConfigError(f"{len(problems)} problem(s) in the readings ledgers (above)")
         return
     path = Path(args.ledger) if args.ledger else rd.ledger_path(args.paper)
+    if args.skip_unreadable and not args.record:
+        raise ConfigError("--skip-unreadable goes with --record")
     if args.record:
-        ledger = rd.record(path, args.record)
+        try:
+            ledger, skipped = rd.record(path, args.record, args.skip_unreadable)
+        except rd.UnreadableCells as exc:
+            for line in exc.lines:
+                print(f"fedrepro readings: {line}", file=sys.stderr)
+            raise
+        for u in skipped:
+            print(f"fedrepro readings: skipped {u}", file=sys.stderr)
         counts = ", ".join(f"{k}: {len(v)}" for k, v in ledger.measured["labels"].items())
         print(f"{path}: measured from {args.record} (seeds per label: {counts})")
     else:
@@ -540,8 +570,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("finetune", help="score a fine-tuning row from its base cell's final model",
                        description="Write a fine-tuning row's metrics.json and provenance.json into --out-dir without "
                        "training: its base cell's final model (final_model.pt, kept beside the base's metrics.json) is "
-                       "fine-tuned and scored as the row's own training would (docs/evaluation.md). Where the base kept "
-                       "no final model, the row is trained in full.")
+                       "fine-tuned and scored as the row's own training would (docs/evaluation.md). Where the base was "
+                       "trained before final models were kept, the row is trained in full; a final model its base's "
+                       "provenance.json records but that is missing or another file is refused (retrain the base).")
     p.add_argument("--cell", required=True, type=check.json_object_text, help="the fine-tuning row's resolved cell as JSON")
     p.add_argument("--base-cell", required=True, type=check.json_object_text, help="its base cell's resolved cell as JSON")
     p.add_argument("--final-model", required=True, help="the base cell's final_model.pt (read and checked by the command)")
@@ -588,6 +619,20 @@ def build_parser() -> argparse.ArgumentParser:
                    "belong to: experiment/dataset/partition/label/seed/cell_key (the aggregate rule passes them); "
                    "a file of another cell is an error naming the file and the field")
     p.set_defaults(func=cmd_aggregate)
+
+    p = sub.add_parser("verify", help="retrain cells and compare them with their recorded metrics",
+                       description="Recompute cells of results/<experiment>: retrain each from the resolved cell, "
+                       "thread count and device its provenance.json records (as `fedrepro train` does, into a scratch "
+                       "folder, on the experiment's shards results/shards/<dataset>/<partition id>) and compare every "
+                       "field of metrics.json but times and memory; print each mismatch and one verdict per cell. "
+                       "Exit status 0: every chosen cell exact; 1: some cell differs; 3: none differs, but some could "
+                       "not be recomputed here (a CUDA cell without a GPU, shards missing, ...). docs/security.md.")
+    p.add_argument("results", type=check.input_dir, help="results/<experiment>")
+    p.add_argument("--cells", nargs="+", metavar="GLOB", help="only the cells matching one of these patterns of "
+                   "dataset/partition/label/seed<k> (shell wildcards: 'digits/*/fedavg/*')")
+    p.add_argument("--sample", type=check.positive_int, metavar="K", help="K of the chosen cells drawn at random")
+    p.add_argument("--seed", type=int, metavar="S", help="the seed of --sample's draw (default 0: reproducible)")
+    p.set_defaults(func=cmd_verify)
 
     p = sub.add_parser("tables", help="write paper-style tables", description="Write Markdown, LaTeX (booktabs) and CSV tables "
                        "(methods x dataset/partition, mean ± std over seeds) from a summary CSV.")
@@ -654,9 +699,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--md", type=check.output_file, help="write the ledger as Markdown")
     p.add_argument("--html", type=check.output_file, help="write the ledger as an HTML page")
     p.add_argument("--record", type=check.input_dir, metavar="RESULTS", help="results/<experiment> of the ledger's "
-                   "headline experiment: record its values in the ledger")
-    p.add_argument("--check", action="store_true", help="validate the ledgers and their marks in the source; list the "
-                   "entries not yet measured")
+                   "headline experiment: record its values in the ledger (every cell of the ledger's labels must be "
+                   "readable: each one that is not is named, and nothing is recorded)")
+    p.add_argument("--skip-unreadable", action="store_true", help="with --record: record without the cells whose "
+                   "metrics.json is missing or unreadable (each still named on stderr)")
+    p.add_argument("--check", action="store_true", help="validate the ledgers and their marks in the source; "
+                   "recompute each measured: block from results/<experiment> where those results are present (refusing "
+                   "a block that disagrees); list the entries not yet measured")
     p.add_argument("--complete", action="store_true", help="with --check: also refuse an entry not yet measured (a "
                    "'pending:' entry, or an alternative measured over fewer than 3 seeds)")
     p.add_argument("--docs", type=check.existing_file, metavar="FILE", help="rewrite the ledgers between "
@@ -693,7 +742,7 @@ def main(argv: list[str] | None = None) -> int:
 
     prog = f"fedrepro {args.command}"
     try:
-        args.func(args)
+        status = args.func(args)  # None, or an exit status (`verify`)
         sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's last flush
     except BrokenPipeError:
         return _quiet_broken_pipe()
@@ -711,7 +760,7 @@ def main(argv: list[str] | None = None) -> int:
             raise
         check.print_error(prog, f"{exc.strerror or type(exc).__name__}: {exc.filename!r}")
         return 1
-    return 0
+    return status if isinstance(status, int) else 0
 
 
 if __name__ == "__main__":

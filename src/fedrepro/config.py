@@ -13,7 +13,7 @@ import math
 import re
 from importlib import resources
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import jsonschema
 import yaml
@@ -314,6 +314,39 @@ VECTORIZED_LEVERS = ("resident_batches", "fused_step", "cuda_graph", "device_los
 FUSED_OPTIMIZERS = ("sgd", "adam", "adamw")
 
 
+#: What each lever of `training.levers` acts on, as the method classes declare it (methods/base.py): (what
+#: it needs, whether a method class has it). The levers of a vectorized round act inside a vectorized local
+#: update; batched_eval scores personalized models. A lever that acts on none of the methods its block
+#: reaches is a config error (`_check_lever_targets`).
+LEVER_TARGETS: dict[str, tuple[str, Callable[[type], bool]]] = {
+    **{lever: ("a vectorized local update (its class sets vectorized = True)", lambda cls: cls.has_vectorized_update())
+       for lever in VECTORIZED_LEVERS},
+    "batched_eval": ("personalized models (has_personal)", lambda cls: cls.has_personal),
+}
+
+
+def _note_lever_reach(reach: dict[str, tuple[list, dict[str, str]]], blocks: list[tuple[str, dict | None]], label: str,
+                      method: str) -> None:
+    """Note in `reach` that method label `label` (method `method`) takes its levers from the innermost of
+    the training `blocks` that sets `levers`: block key -> (its levers, {label: method})."""
+    key, block = next(((k, b) for k, b in reversed(blocks) if "levers" in (b or {})), (None, None))
+    if key is not None:
+        reach.setdefault(key, (block["levers"], {}))[1][label] = method
+
+
+def _check_lever_targets(reach: dict[str, tuple[list, dict[str, str]]]) -> None:
+    """ConfigError for a lever of a training block that can act on none of the method labels taking their
+    levers from that block (`_note_lever_reach`; LEVER_TARGETS): set, it would change nothing."""
+    for key, (levers, labels) in reach.items():
+        acting = [lever for lever in levers if any(LEVER_TARGETS[lever][1](METHODS.get(m)) for m in labels.values())]
+        for lever in levers:
+            if lever not in acting:
+                methods = ", ".join(f"'{m}'" + (f" (label '{lab}')" if lab != m else "") for lab, m in labels.items())
+                raise ConfigError(f"config key '{key}.levers' has value {levers}; '{lever}' can act on none of the methods "
+                                  f"it reaches ({methods}): it needs {LEVER_TARGETS[lever][0]}; allowed: the levers that "
+                                  f"act on {'it' if len(labels) == 1 else 'one of them'}: {acting or 'none'}")
+
+
 def _check_levers(where: str, t: dict) -> None:
     """`training.levers` only where each lever can act: the vectorized ones need `vectorize: true`,
     the CUDA graph needs the resident batches (its replayed step gathers from static row buffers),
@@ -485,11 +518,13 @@ def _number_bound(where: str, value: int | float, shown: str | None = None) -> N
 
 
 def _check_partition_size(label: str, ds: str, dsinfo: dict, spec: dict) -> None:
-    """num_clients, min_partition_size and the split against the dataset's size (where it is known), and
-    the partitioner's own verdict on the dataset's class counts (where they are known: the counts
-    `prepare` cached, else those the registry declares), which the partition step would reach too."""
-    from .data.datasets import class_counts
+    """num_clients, min_partition_size and the split against the dataset's size (where it is known), the
+    partitioner's own verdict on the dataset's class counts (where they are known: the counts `prepare`
+    cached, else those the registry declares), and the partition step's own verdict on the dataset's
+    labels (where they are known: `datasets.known_labels`), which the partition step would reach too."""
+    from .data.datasets import class_counts, known_labels
     from .data.partitioners import Infeasible, infeasibility
+    from .data.shards import check_from_labels
 
     known = class_counts(ds, dsinfo["params"], spec["pool"])
     bounds = sample_bounds(ds, dsinfo["params"])
@@ -521,9 +556,7 @@ def _check_partition_size(label: str, ds: str, dsinfo: dict, spec: dict) -> None
         try:
             infeasibility(spec["partitioner"], known[0], k, spec["seed"], spec["params"])
         except Infeasible as exc:
-            raise ConfigError(f"config key 'partitions.{label}.{exc.key}' has value {show(exc.value)}; allowed: {exc.allowed} "
-                              f"(decided from {known[1]}{'' if spec['pool'] else ', official train set'}, as the partition "
-                              "step would)") from None
+            raise _infeasible(label, exc, known[1] + ("" if spec["pool"] else ", official train set")) from None
     split = spec["split"]
     train_share = 1 - split["test_fraction"] - split["val_fraction"]
     if n / k * train_share < 1:
@@ -533,6 +566,21 @@ def _check_partition_size(label: str, ds: str, dsinfo: dict, spec: dict) -> None
     if 2 * k > n and not spec.get("allow_empty_clients"):  # a training and a test sample each
         raise ConfigError(f"config key 'partitions.{label}.num_clients' has value {k}; allowed: at most {n // 2} ({scope}: "
                           "every client needs a training and a test sample), or allow_empty_clients: true")
+    labels = known_labels(ds, dsinfo["params"])
+    if labels is None:
+        return
+    try:
+        check_from_labels(labels[0], spec)
+    except Infeasible as exc:
+        raise _infeasible(label, exc, labels[1]) from None
+    except ConfigError as exc:  # the partition step's refusal (a client without training or test data, ...)
+        raise ConfigError(f"config key 'partitions.{label}': {exc} (decided from {labels[1]}, as the partition step would)") from None
+
+
+def _infeasible(label: str, exc: Exception, source: str) -> ConfigError:
+    """The config error of the partition step's `Infeasible` refusal of partition `label`, decided from `source`."""
+    return ConfigError(f"config key 'partitions.{label}.{exc.key}' has value {show(exc.value)}; allowed: {exc.allowed} "
+                       f"(decided from {source}, as the partition step would)")
 
 
 def _check_model_input(where: str, name: str, ds: str, params: dict, model_params: dict, given: dict | None,
@@ -628,6 +676,7 @@ def resolve_experiment(config: dict) -> dict[str, Any]:
             raise ConfigError(f"config key 'evaluation.embed_clients' has value {evaluation['embed_clients']}; allowed: client ids "
                               f"below {n}, the number of clients of partition '{part['label']}' ({part['dataset']})")
     cells = []
+    lever_reach: dict[str, tuple[list, dict[str, str]]] = {}
     methods = {}
     finetune_of = {label: m["finetune"] for label, m in config["methods"].items() if isinstance(m, dict) and "finetune" in m}
     for label, m in config["methods"].items():
@@ -663,6 +712,8 @@ def resolve_experiment(config: dict) -> dict[str, Any]:
             t = resolve_training(training, where, spec["num_clients"] - spec["unseen_clients"], blocks)
             _check_training_budget(where, t)
             METHODS.get(method).check_training(f"methods.{label}.hparams", hp, t)
+            if label not in finetune_of:  # a fine-tuning row takes its base label's training
+                _note_lever_reach(lever_reach, blocks, label, method)
             if "official" in t["global_test"] and spec["pool"]:
                 raise ConfigError(f"config key '{where}.global_test' has value {t['global_test']}; allowed: 'official' only with "
                                   f"a partition that keeps the official test set apart (partitions.{part['label']}.pool: false)")
@@ -691,7 +742,8 @@ def resolve_experiment(config: dict) -> dict[str, Any]:
                               f"x methods x seeds); allowed: {allowed}")
     tuning = resolve_tuning(config, methods, {m: METHODS.entry(m).params for m, *_ in methods.values()}, config["seeds"],
                             BUDGETS["cells"])
-    tuning_cells = _tuning_cells(tuning, cells, base_training, datasets, methods, partitions) if tuning else []
+    tuning_cells = _tuning_cells(tuning, cells, base_training, datasets, methods, partitions, lever_reach) if tuning else []
+    _check_lever_targets(lever_reach)
     for c in cells:
         if tuning and c["label"] in tuning["labels"]:
             c["tuned"] = True  # its hyper-parameters come from the selection (`fedrepro train --tuned`)
@@ -771,7 +823,7 @@ def _check_duplicate_labels(cells: list[dict], tuning: dict | None) -> None:
 
 
 def _tuning_cells(tuning: dict, cells: list[dict], base_training: dict, datasets: dict, methods: dict,
-                  partitions: list[dict]) -> list[dict]:
+                  partitions: list[dict], lever_reach: dict) -> list[dict]:
     """One cell per (dataset, partition, tuned label, trial, tuning seed): the final cell's setup with
     the trial's values and the tuning training overrides, scored on validation carved from train."""
     specs = {(p["dataset"], p["label"]): p["spec"] for p in partitions}
@@ -796,6 +848,7 @@ def _tuning_cells(tuning: dict, cells: list[dict], base_training: dict, datasets
                   (f"methods.{label}.training", methods[label][2]), (where, tuning["training"])]
         t = resolve_training(override, where, spec["num_clients"] - spec["unseen_clients"], blocks, trial=True)
         _check_training_budget(where, t)
+        _note_lever_reach(lever_reach, blocks, label, base["method"])
         if len(set(plan["space"].get("lr") or [])) > 1 and t["lr_schedule"]["name"] == "multistep" and t["lr_schedule"]["values"]:
             raise ConfigError(f"config key 'tuning.lr' has value {show(plan['space']['lr'])} for method label '{label}', whose "
                               f"lr_schedule.values {show(t['lr_schedule']['values'])} replace the lr (every trial would train "

@@ -248,6 +248,8 @@ def set_aside(path: Path, why: str) -> Path:
     try:
         os.replace(path, dest)
     except OSError as exc:
-        raise ResultsError(f"{path}: {why}, and it cannot be moved aside ({exc.strerror}): remove it by hand") from None
+        # no advice to delete it: the path may name a file that is not fedrepro's (a mistaken --checkpoint)
+        raise ResultsError(f"{path}: {why}, and it cannot be moved aside ({exc.strerror}): it was left as it is and not "
+                           f"used; allowed: a path in a folder where fedrepro may rename files") from None
     fsync_dir(path.parent)
     return dest

@@ -27,11 +27,11 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 import sys
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
+from .bounded_run import ProgramFailed, run_bounded
 from .registry import ConfigError, show
 
 SLOTS_ENV = "FEDREPRO_GPU_SLOTS"
@@ -155,16 +155,18 @@ def visible_gpus(rows: Sequence[tuple[str, str, int | None]], cuda_visible: str 
     return chosen
 
 
-def query_gpus(timeout: float = NVIDIA_SMI_TIMEOUT_S) -> tuple[list[tuple[str, str, int | None]], str]:
-    """nvidia-smi's (index, uuid, free MiB) per GPU, and a note when it could not say (no GPUs then)."""
+def query_gpus(timeout: float | None = None) -> tuple[list[tuple[str, str, int | None]], str]:
+    """nvidia-smi's (index, uuid, free MiB) per GPU, and a note when it misbehaved (no GPUs then):
+    read within bounds (bounded_run), so one that hangs, floods or prints non-UTF-8 costs at most
+    NVIDIA_SMI_TIMEOUT_S and 1 MiB, and is named in the plan's line."""
     exe = shutil.which("nvidia-smi")
     if exe is None:
         return [], ""
     try:
-        proc = subprocess.run([exe, "--query-gpu=index,uuid,memory.free", "--format=csv,noheader,nounits"],
-                              capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return [], f" (nvidia-smi gave no answer: {type(exc).__name__})"
+        proc = run_bounded([exe, "--query-gpu=index,uuid,memory.free", "--format=csv,noheader,nounits"],
+                           program="nvidia-smi", timeout=NVIDIA_SMI_TIMEOUT_S if timeout is None else timeout, check=False)
+    except ProgramFailed as exc:
+        return [], f" ({exc}; planning without a GPU)"
     if proc.returncode != 0:  # e.g. "No devices were found", or no driver loaded
         return [], ""
     rows = []

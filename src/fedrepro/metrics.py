@@ -56,6 +56,13 @@ def summarize(values, weights) -> dict[str, float]:
     }
 
 
+def beyond_weights(where: str, n: int, unseen_weights) -> list:
+    """The weights of the `n` clients of a score after training ('<where>/<kind>', engine/beyond.py)
+    in its summary: unseen clients by `unseen_weights` (their test sizes), a global test or
+    validation set's clients equally (each is scored on the same set)."""
+    return list(unseen_weights) if where == "unseen" else [1] * n
+
+
 def type_summary(acc, test_sizes, types) -> dict[str, float]:
     """Metrics for distinct client types (FedGCR, methods.md §5.7), from per-client accuracies:
 

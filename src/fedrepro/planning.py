@@ -151,8 +151,14 @@ class WorkflowPlan:
     def finetune_inputs(self, wildcards) -> dict[str, str]:
         """A derived row's inputs: its cell's, and its base cell's metrics.json (the base trains first;
         its final model, written before that file, is read by `fedrepro finetune`, not declared, so
-        adding rows changes no training job)."""
-        return self.cell_inputs(wildcards) | {"base": f"{self.base_run_dir(wildcards)}/metrics.json"}
+        adding rows changes no training job). A final model newer than that metrics.json was put there
+        after its cell trained: it is an input too, so the row is scored again (and `fedrepro finetune`
+        compares it with the sha256 the base's provenance.json records). Only then: a row scored in the
+        run that trained its base keeps the inputs Snakemake recorded for it (a row last scored from a
+        replaced final model is scored once more after its base is retrained: its inputs changed)."""
+        base, final = f"{self.base_run_dir(wildcards)}/metrics.json", self.final_model(wildcards)
+        replaced = os.path.exists(base) and os.path.exists(final) and os.path.getmtime(final) > os.path.getmtime(base)
+        return self.cell_inputs(wildcards) | {"base": base} | ({"final_model": final} if replaced else {})
 
     # -- results ----------------------------------------------------------------------------
     def all_metrics(self, wildcards=None) -> list[str]:

@@ -10,10 +10,11 @@ Two ways in, both the operator's own act, loaded at the first registry lookup
   Loading an entry point imports its module, whose `@register` (or `MODELS.register`, ...)
   does the registering, as in the package itself. Installing the package is the opt-in.
 * Modules named by the environment variable FEDREPRO_PLUGINS (comma-separated), looked up only
-  on PYTHONPATH and in the installed packages (`search_path`): never in the current directory,
-  a script's folder or Snakemake's workflow folder, which some processes put on sys.path and
-  others do not. So `fedrepro validate`, Snakemake and every training job (which inherits the
-  variable, locally and on SLURM) decide the same.
+  on PYTHONPATH's absolute folders and in the installed packages (`search_path`): never in the
+  current directory (an empty or '.' entry of PYTHONPATH included), a script's folder or
+  Snakemake's workflow folder, which some processes put on sys.path and others do not. So
+  `fedrepro validate`, Snakemake and every training job (which inherits the variable, locally
+  and on SLURM) decide the same.
 
 An experiment's `plugins:` key only names the installed plugins it requires (`require`): a name
 that is not installed is refused, with what to do instead, and nothing is imported for it.
@@ -31,11 +32,11 @@ import importlib.util
 import json
 import os
 import re
-import subprocess
 import sys
 from importlib.metadata import EntryPoint, entry_points
 from typing import Iterable
 
+from .bounded_run import ProgramFailed, run_bounded
 from .registry import ConfigError, registering_from, show
 
 #: `fedrepro list` topic -> entry point group.
@@ -47,6 +48,8 @@ GROUPS = {
 }
 #: Comma-separated module names every fedrepro process imports as plugins (the operator's opt-in).
 PLUGINS_ENV = "FEDREPRO_PLUGINS"
+#: Seconds the interpreter may take to say its search path (a cold start on a loaded cluster node is slow).
+PROBE_TIMEOUT_S = 120
 _MODULE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
 
 #: Entry point group -> the module whose import registers that group's built-in components.
@@ -108,19 +111,29 @@ def env_modules() -> list[str]:
     return [m.strip() for m in os.environ.get(PLUGINS_ENV, "").split(",") if m.strip()]
 
 
+def relative_pythonpath() -> list[str]:
+    """PYTHONPATH's empty and relative entries ('', '.', 'src'): Python reads them as the current
+    directory (or a folder in it), which differs between processes; the plugins' search ignores them."""
+    raw = os.environ.get("PYTHONPATH", "")
+    return [entry for entry in raw.split(os.pathsep) if not os.path.isabs(entry)] if raw else []
+
+
 def search_path() -> list[str]:
     """The folders FEDREPRO_PLUGINS modules are looked up in: the sys.path a fresh interpreter of
-    this environment starts with under -P, i.e. PYTHONPATH and the installed packages. Not the
-    entries a process start adds on its own (the current directory for `python -m`, a script's
-    folder, Snakemake's workflow folder and .snakemake/pip-deployments), on which processes differ."""
+    this environment starts with under -P, i.e. PYTHONPATH's absolute entries and the installed
+    packages. Not the entries a process start adds on its own (the current directory for `python
+    -m`, a script's folder, Snakemake's workflow folder and .snakemake/pip-deployments), on which
+    processes differ, nor PYTHONPATH's empty or relative ones (`relative_pythonpath`), for the same reason."""
     probe = "import json, sys; print(json.dumps(sys.path))"
+    env = dict(os.environ)
+    absolute = [entry for entry in env.pop("PYTHONPATH", "").split(os.pathsep) if os.path.isabs(entry)]
+    if absolute:
+        env["PYTHONPATH"] = os.pathsep.join(absolute)
     try:
-        out = subprocess.run([sys.executable, "-P", "-c", probe], capture_output=True, text=True, timeout=120,
-                             check=True, stdin=subprocess.DEVNULL)
-        path = json.loads(out.stdout)
-    except (OSError, ValueError, subprocess.SubprocessError) as exc:
+        path = json.loads(run_bounded([sys.executable, "-P", "-c", probe], timeout=PROBE_TIMEOUT_S, env=env).stdout)
+    except (ProgramFailed, ValueError) as exc:
         raise ConfigError(f"environment variable {PLUGINS_ENV}: cannot determine the module search path of "
-                          f"{sys.executable!r} ({type(exc).__name__}); allowed: a working Python interpreter") from exc
+                          f"{sys.executable!r} ({exc}); allowed: a working Python interpreter") from exc
     return [p for p in path if isinstance(p, str)]
 
 
@@ -146,15 +159,18 @@ def _check_findable(name: str, source: str, path: list[str]) -> None:
     if top in sys.modules:  # already imported by this process (fedrepro itself, the standard library)
         return
     allowed, found = _top_spec(top, path), _top_spec(top, None)
+    relative = relative_pythonpath()
+    ignored = (f"; PYTHONPATH's relative or empty entries {show(relative)} are ignored too: name folders by absolute path"
+               if relative else "")
     if allowed is None:
         raise ConfigError(f"{source}: plugin module {show(name)} is not on PYTHONPATH nor installed; allowed: a "
                           f"module there (the current directory and the workflow folder are not searched: put "
-                          f"the module's folder on PYTHONPATH, or install it)")
+                          f"the module's folder on PYTHONPATH, or install it{ignored})")
     if _location(found) != _location(allowed):
         where = found.origin if found is not None and found.origin else _location(found)
         raise ConfigError(f"{source}: plugin module {show(name)} would be imported from {show(where)}, outside "
                           f"PYTHONPATH and the installed packages (it shadows {show(allowed.origin)}); allowed: a "
-                          f"module name found first on PYTHONPATH or installed (rename or remove the other)")
+                          f"module name found first on PYTHONPATH or installed (rename or remove the other{ignored})")
 
 
 def load_modules(modules: Iterable[str], source: str) -> None:

@@ -5,23 +5,35 @@ from __future__ import annotations
 import os
 import platform
 import socket
-import subprocess
 import sys
 from importlib import metadata
 from typing import Any
 
 import torch
 
+from .bounded_run import NOT_RUN, TOO_LARGE, ProgramFailed, run_bounded
 from .overrides import recorded
 
 PACKAGES = ("fedrepro", "torch", "torchvision", "numpy", "pyarrow", "pandas", "scikit-learn", "snakemake", "timm")
 
 
-def _git(*args: str) -> str | None:
+GIT_TIMEOUT_S = 10
+
+
+def _git(*args: str, too_much: str | None = None) -> str | None:
+    """git's answer, read within bounds (fedrepro.bounded_run); None where there is none (no git, not
+    a repository), with a warning where git misbehaved (too slow, too much output, not UTF-8).
+    `too_much`: the answer to record where git printed more than the bound (instead of None)."""
     try:
-        return subprocess.run(["git", *args], capture_output=True, text=True, check=True, timeout=10).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
+        proc = run_bounded(["git", *args], timeout=GIT_TIMEOUT_S, check=False)
+    except ProgramFailed as exc:
+        if exc.reason == TOO_LARGE and too_much is not None:
+            return too_much
+        if exc.reason != NOT_RUN:  # no git at all: the nulls say so, as before
+            print(f"[fedrepro] warning: provenance: {exc}; its answer to 'git {args[0]}' is recorded as unknown",
+                  file=sys.stderr)
         return None
+    return proc.stdout.strip() if proc.returncode == 0 else None
 
 
 def _version(pkg: str) -> str | None:
@@ -33,7 +45,7 @@ def _version(pkg: str) -> str | None:
 
 def collect(cell: dict, manifest: dict, device: torch.device, determinism: dict[str, Any]) -> dict[str, Any]:
     commit = _git("rev-parse", "HEAD")
-    status = _git("status", "--porcelain", "--untracked-files=no")
+    status = _git("status", "--porcelain", "--untracked-files=no", too_much="more changes than can be listed")  # dirty
     cuda = torch.cuda.is_available()
     return {
         "cell": cell,

@@ -17,7 +17,9 @@ Registered datasets: `fmnist` (Fashion-MNIST), `digits` (scikit-learn's bundled
 
 from __future__ import annotations
 
+import functools
 import gzip
+import io
 import json
 import os
 import shutil
@@ -30,7 +32,7 @@ import numpy as np
 from fedrepro.data.base import DataMissingError, RawDataset
 # The registry lives apart from its entries (no import circle); its names stay importable from here.
 from fedrepro.data.dataset_registry import DATASETS, DatasetSpec, load_dataset, register_dataset, resolve_dataset  # noqa: F401
-from fedrepro.io import atomic_path, read_json, short_hash, write_json_atomic
+from fedrepro.io import FileTooLarge, NotRegularFile, atomic_path, canonical_json, read_json, read_regular, short_hash, write_json_atomic
 from fedrepro.registry import ConfigError, Param, show
 
 
@@ -39,8 +41,9 @@ def prepare_dataset(name: str, root: Path, params: dict | None = None) -> dict[s
 
     Returns {dataset, params, fingerprint, num_samples, num_classes, sample_shape,
     source, downloads}; writes the raw files the dataset's `prepare` puts there and, beside
-    them, their class counts (`class_counts_path`), from which `fedrepro validate` decides
-    partition feasibility before any job (nothing for data shipped with a package or generated).
+    them, their class counts (`class_counts_path`) and labels (`labels_path`), from which `fedrepro
+    validate` decides partition feasibility before any job (nothing for data shipped with a package or
+    generated: `known_labels` loads those).
     `downloads` lists every file fetched in this call with its sha256 and whether it matched a
     pinned checksum (fedrepro.data.downloads).
     """
@@ -55,6 +58,7 @@ def prepare_dataset(name: str, root: Path, params: dict | None = None) -> dict[s
     raw = spec.load(root, resolved)
     if spec.prepare is not _prepare_nothing:  # data of a package or generated: nothing is written for it
         write_class_counts(root, name, resolved, raw)
+        write_labels(root, resolved, raw)
     return {
         "downloads": downloads,
         "dataset": name,
@@ -137,6 +141,74 @@ def class_counts(name: str, params: dict[str, Any], pool: bool, root: Path | Non
         return None
     train, test = (np.asarray(c, np.int64) for c in declared)
     return (train + test if pool else train), f"the class counts the registry declares for {name}"
+
+
+#: The labels cache (`labels_path`) is 8 bytes a sample: at most 8 million samples are read from it.
+LABELS_MAX_BYTES = 64 << 20
+#: The most samples `known_labels` generates or reads from a package (digits, synthetic) before any job.
+GENERATED_LABELS_MAX = 50_000
+
+
+def labels_path(root: Path, params: dict[str, Any]) -> Path:
+    """The labels cache of a dataset's raw files under `root` with resolved `params`, beside its class
+    counts (`class_counts_path`): a .npy int32 array (2, N), row 0 each sample's label, row 1 its official
+    split (RawDataset.y and .official_split, in row order)."""
+    return Path(root) / f"labels-{short_hash(params, 8)}.npy"
+
+
+def write_labels(root: Path, params: dict[str, Any], raw: RawDataset) -> None:
+    """Cache the loaded raw data's labels and official split beside it (`labels_path`)."""
+    with atomic_path(labels_path(root, params)) as tmp, open(tmp, "wb") as fh:
+        np.save(fh, np.stack([raw.y, raw.official_split]).astype(np.int32), allow_pickle=False)
+
+
+def known_labels(name: str, params: dict[str, Any], root: Path | None = None) -> tuple[RawDataset, str] | None:
+    """(stand-in, source): dataset `name` with resolved `params` as far as a partition needs it before any
+    job (its labels, official split and, where loaded, groups; no samples), and where that comes from: the
+    cache `prepare` wrote beside the raw files under `root` (default RAW_ROOT/<name>), else the data itself
+    where it ships with a package or is generated and has at most GENERATED_LABELS_MAX samples; None where
+    neither (nothing is prepared or downloaded)."""
+    spec = DATASETS.get(name)
+    if spec.prepare is _prepare_nothing:
+        bounds = sample_bounds(name, params)
+        if bounds is None or bounds[1] > GENERATED_LABELS_MAX:
+            return None
+        return _loaded(name, canonical_json(params)), f"the labels of {name}, read without preparing (its data ships with a package or is generated)"
+    path = labels_path(Path(root) if root is not None else RAW_ROOT / name, params)
+    redo = "delete it (`fedrepro prepare` writes it again)"
+    try:
+        rows = np.load(io.BytesIO(read_regular(path, LABELS_MAX_BYTES)), allow_pickle=False)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except (OSError, ValueError, EOFError, MemoryError) as exc:  # a FIFO, huge, truncated or foreign file: never read past the bound
+        why = str(exc).removeprefix(f"{path}: ") if isinstance(exc, (FileTooLarge, NotRegularFile)) else f"not a labels array ({exc})"
+        raise ConfigError(f"{path}: {why} (where `fedrepro prepare` caches the labels of {name}); {redo}") from None
+    if not _labels_match(rows, [class_counts(name, params, pool, root) for pool in (True, False)]):
+        raise ConfigError(f"{path}: not the labels of {name} with params {show(params)}; allowed: a (2, N) integer array of "
+                          f"labels and official splits (0 or 1) whose class counts are those of {name}; {redo}")
+    y, split = rows[0].astype(np.int64), rows[1].astype(np.int8)
+    stand_in = RawDataset(name=name, x=np.zeros((len(y), 0), np.uint8), y=y, num_classes=spec.num_classes,
+                          official_split=split, mean=(0.0,), std=(1.0,), source=str(path))
+    return stand_in, f"the labels `fedrepro prepare` cached in {path}"
+
+
+def _labels_match(rows: Any, counts: list[tuple[np.ndarray, str] | None]) -> bool:
+    """Whether `rows` is a labels cache (`labels_path`) whose class counts, of all rows and of the official
+    train rows, are `counts` (class_counts' for pool true and false, where known)."""
+    if not (isinstance(rows, np.ndarray) and rows.dtype.kind in "iu" and rows.ndim == 2 and rows.shape[0] == 2):
+        return False
+    y, split = rows
+    if (len(y) and y.min() < 0) or not set(np.unique(split).tolist()) <= {0, 1}:
+        return False
+    return all(known is None or np.array_equal(np.bincount(labels, minlength=len(known[0])), known[0])
+               for labels, known in ((y, counts[0]), (y[split == 0], counts[1])))
+
+
+@functools.lru_cache(maxsize=4)
+def _loaded(name: str, params_json: str) -> RawDataset:
+    """Dataset `name` loaded with the parameters in `params_json` (data of a package or generated, read
+    once per process: validating a config checks each of its partitions)."""
+    return DATASETS.get(name).load(RAW_ROOT / name, json.loads(params_json))
 
 
 def sample_bounds(name: str, params: dict[str, Any]) -> tuple[int, int] | None:

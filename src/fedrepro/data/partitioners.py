@@ -713,6 +713,13 @@ def _plato_dirichlet(labels: np.ndarray, num_clients: int, rng: np.random.Random
 DIRICHLET_REPLAY_BUDGET = 100_000_000
 
 
+def replayable_draws(n: int, num_classes: int, num_clients: int) -> int:
+    """How many Dirichlet draws of n samples in `num_classes` classes over `num_clients` clients fit in
+    DIRICHLET_REPLAY_BUDGET: a draw costs about a shuffle of every sample plus, per class, 1,500 samples'
+    worth of calls and 20 per client."""
+    return DIRICHLET_REPLAY_BUDGET // (n + num_classes * (1_500 + 20 * num_clients))
+
+
 def infeasibility(partitioner: str, counts, num_clients: int, seed: int, params: dict) -> None:
     """Raise the `Infeasible` the partition step would raise for partitioner `partitioner` with the
     resolved `params`, `num_clients` and partition `seed` on labels with these per-class `counts`
@@ -734,8 +741,7 @@ def infeasibility(partitioner: str, counts, num_clients: int, seed: int, params:
         _check_min_partition_size(n, num_clients, m)
         if m <= 0:
             return None
-        # a draw costs about a shuffle of every sample plus, per class, 1,500 samples' worth of calls and 20 per client
-        replayable = DIRICHLET_REPLAY_BUDGET // (n + len(counts) * (1_500 + 20 * num_clients))
+        replayable = replayable_draws(n, len(counts), num_clients)
         best = 0
         for _, smallest in zip(range(min(retries, replayable)), dirichlet_draws(counts, num_clients, seed, params["alpha"],
                                                                                  params["self_balancing"])):
@@ -772,6 +778,15 @@ def shuffled_split(indices: np.ndarray, test_size: float, rng: np.random.RandomS
     return indices[permutation[n_test:]], indices[permutation[:n_test]]
 
 
+def _split_off(indices: np.ndarray, test_size: float, rng: np.random.RandomState) -> tuple[np.ndarray, np.ndarray]:
+    """`shuffled_split`, except for a client too small for it (sklearn refuses a split that leaves no
+    training sample): then all of it goes to the second part, nothing drawn, and the client has no
+    training data, which the partition step refuses by name (shards.check_clients_usable)."""
+    if len(indices) - math.ceil(test_size * len(indices)) <= 0:
+        return indices[:0], indices
+    return shuffled_split(indices, test_size, rng)
+
+
 def split_client(
     indices: np.ndarray,
     labels: np.ndarray,
@@ -788,9 +803,9 @@ def split_client(
     (75/25), drawn from the same RandomState so PFLlib's numbers are reproduced.
     """
     if not stratify:
-        rest, test = shuffled_split(indices, test_fraction, rng) if test_fraction > 0 else (indices, indices[:0])
+        rest, test = _split_off(indices, test_fraction, rng) if test_fraction > 0 else (indices, indices[:0])
         if val_fraction > 0:
-            rest, val = shuffled_split(rest, val_fraction / (1 - test_fraction), rng)
+            rest, val = _split_off(rest, val_fraction / (1 - test_fraction), rng)
         else:
             val = indices[:0]
         return {"train": np.asarray(rest), "test": np.asarray(test), "val": np.asarray(val)}

@@ -45,7 +45,7 @@ from ..io import (FileTooLarge, NotRegularFile, canonical_json, clean_stale, der
                   replace_dir, sha256_file, short_hash, staging_dir, write_json_atomic)
 from ..registry import ConfigError, resolve_params, show
 from .base import RawDataset
-from .partitioners import PARTITIONERS, split_client
+from .partitioners import PARTITIONERS, Infeasible, replayable_draws, split_client
 
 SPLITS = ("train", "test", "val")
 UNLABELED = "unlabeled"  # split code 3: rows of RawDataset.unlabeled (label -1), self-supervised data only
@@ -107,9 +107,12 @@ def resolve_partition_spec(spec: dict[str, Any]) -> dict[str, Any]:
     allow_empty = spec.get("allow_empty_clients", False)
     if not isinstance(allow_empty, bool):
         raise ConfigError(f"{where}: key 'allow_empty_clients' has value {show(allow_empty)}; allowed: true or false")
+    dataset_params = spec.get("dataset_params") or {}
+    if not isinstance(dataset_params, dict):
+        raise ConfigError(f"{where}: key 'dataset_params' has value {show(dataset_params)}; allowed: a mapping of the dataset's parameters")
     return {
         "dataset": spec["dataset"],
-        "dataset_params": dict(spec.get("dataset_params") or {}),
+        "dataset_params": dict(dataset_params),
         "partitioner": name,
         "params": resolve_params(f"{where}, partitioner '{name}'", entry.params, spec.get("params")),
         "num_clients": num_clients,
@@ -219,6 +222,40 @@ def check_clients_usable(spec: dict[str, Any], pid: str, assignment: list[dict[s
         "at least 1 training and 1 test sample: raise params.min_partition_size (or partition_size), use fewer clients "
         "or a larger split.test_fraction, or set allow_empty_clients: true in the partition to keep them (left out of "
         "the scores; metrics.json's clients.test_size shows which were scored)")
+
+
+#: The most labels x clients `check_from_labels` partitions before any job: about a second of the
+#: partition step's own work for Plato's sampler (a weighted draw over every sample per client), a
+#: fraction of it for the others (Fashion-MNIST's 70,000 labels over 1,428 clients); a larger partition is
+#: left to the partition step.
+LABELS_CHECK_BUDGET = 100_000_000
+
+
+def check_from_labels(raw: RawDataset, spec: dict[str, Any]) -> bool:
+    """The partition step's verdict (write_partition: `make_partition`, then `check_clients_usable`) on the
+    resolved `spec` over `raw`, which need hold only the labels and official split (datasets.known_labels):
+    the partition depends on nothing else. Raises what the step would raise (EmptyClientsError, the
+    partitioner's Infeasible or own ConfigError); returns whether it decided: not for a partitioner that
+    reads per-sample groups `raw` lacks, beyond LABELS_CHECK_BUDGET, or where redraws (`max_retries`) would
+    run past the replay budget of `infeasibility` (partitioners.replayable_draws) without a draw that fits."""
+    spec = resolve_partition_spec(spec)
+    fn = PARTITIONERS.get(spec["partitioner"])
+    labels = raw.y if spec["pool"] else raw.y[raw.official_split == 0]
+    if ("groups" in inspect.signature(fn).parameters and not raw.groups) or len(labels) * spec["num_clients"] > LABELS_CHECK_BUDGET:
+        return False
+    params, capped = spec["params"], False
+    if "max_retries" in params:  # no more redraws than `infeasibility` replays
+        cap = max(1, replayable_draws(len(labels), len(np.unique(labels)), spec["num_clients"]))
+        capped = params["max_retries"] > cap
+        params = {**params, "max_retries": min(params["max_retries"], cap)}
+    try:
+        assignment = make_partition(raw, {**spec, "params": params})
+    except Infeasible as exc:
+        if capped and exc.key == "params.min_partition_size":
+            return False
+        raise
+    check_clients_usable(spec, partition_id(spec), assignment)
+    return True
 
 
 FIELD_HASHES = "field_sha256"  # a short hash of each field (each client's entry apart): names what was edited

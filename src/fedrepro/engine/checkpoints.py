@@ -14,16 +14,17 @@ from __future__ import annotations
 
 import os
 import pickle
+import stat
 import sys
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import torch
 
 from ..custody import cell_identity, identity_mismatch, set_aside
-from ..io import atomic_path, short_hash
-from ..registry import show
+from ..io import atomic_path, file_kind, short_hash
+from ..registry import ConfigError, show
 
 #: The keys of a checkpoint's state (its format; unchanged since the engine was split).
 KEYS = ("identity", "round", "server", "clients", "history", "per_round")
@@ -66,14 +67,45 @@ def write_state(path: Path, state: dict[str, Any]) -> None:
         torch.save(state, fh)
 
 
+#: How the files torch.save writes begin: a zip archive, or a pickle (torch's older format).
+_STATE_FILE_STARTS = (b"PK\x03\x04", b"\x80")
+
+
+def never_a_checkpoint(path: Path) -> str | None:
+    """What is at `path` where it was never a checkpoint, damaged or not (a device, a FIFO, a socket,
+    an empty file, or one that does not begin as torch.save's files do, such as /etc/passwd); None
+    where it may be one (a regular file so begun, a directory, a symbolic link: `load` moves these aside)."""
+    mode = os.lstat(path).st_mode
+    if stat.S_ISDIR(mode) or stat.S_ISLNK(mode):
+        return None  # a folder left at the path, or the link itself (never what it names)
+    if not stat.S_ISREG(mode):
+        return file_kind(mode)
+    try:  # O_NONBLOCK: a FIFO swapped in meanwhile never blocks (and is no regular file to read)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
+        with os.fdopen(fd, "rb") as fh:
+            head = fh.read(4) if stat.S_ISREG(os.fstat(fd).st_mode) else None
+    except OSError:
+        head = None
+    if head is None:
+        return None  # unreadable or swapped meanwhile: read_state says why, as for a damaged checkpoint
+    if not head:
+        return "an empty file"
+    return None if head.startswith(_STATE_FILE_STARTS) else "a file that does not begin as torch.save's files do"
+
+
 def load(engine) -> tuple[int, list, dict] | None:
     """(round, history, per_round) of the checkpoint, with the server and client states restored;
     None when there is none. A checkpoint that is damaged, of another cell or shards, or
     inconsistent is never believed and never blocks: it is moved aside with a warning and the
-    cell starts from round 0."""
+    cell starts from round 0. What was never a checkpoint (`never_a_checkpoint`: a device, a
+    system file named by mistake) is refused and left alone."""
     path = engine.checkpoint.path
     if path is None or not os.path.lexists(path):
         return None
+    never = never_a_checkpoint(path)
+    if never:  # e.g. `--checkpoint /etc/passwd`: neither moved aside nor overwritten
+        raise ConfigError(f"checkpoint {path} is {never}, never a checkpoint fedrepro writes: refused and left as it "
+                          "is; allowed: a path that is absent or holds a checkpoint `fedrepro train` wrote")
     try:
         state = checked(engine, path)
     except CheckpointRejected as exc:
@@ -92,10 +124,15 @@ def read_state(path: Path, device: Any, keys: tuple[str, ...] = KEYS, what: str 
     torch.load(weights_only=True), or CheckpointRejected saying why it cannot be believed."""
     if not path.is_file() or path.is_symlink():
         raise CheckpointRejected("is not a regular file")
+    return load_state(path, device, keys, what)
+
+
+def load_state(source: Path | IO[bytes], device: Any, keys: tuple[str, ...] = KEYS, what: str = "checkpoint") -> dict[str, Any]:
+    """`read_state` of a path or of a file object already read (a final model's bytes, read bounded)."""
     try:
         with warnings.catch_warnings():  # torch warns about foreign pickle protocols: the rejection says enough
             warnings.simplefilter("ignore")
-            state = torch.load(path, map_location=device, weights_only=True)
+            state = torch.load(source, map_location=device, weights_only=True)
     except pickle.UnpicklingError:  # never repeat torch's advice to load it with weights_only=False
         raise CheckpointRejected("holds objects other than tensors and plain containers (refused by "
                                  "torch.load(weights_only=True))") from None

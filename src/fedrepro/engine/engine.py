@@ -95,7 +95,7 @@ class Engine:
         True`: not inherited, since a subclass may change the local update) and the model allows it."""
         if not self.training.get("vectorize", False):  # absent in older cells: sequential, as before
             return False
-        if not type(self.method).__dict__.get("vectorized", False):
+        if not self.method.has_vectorized_update():
             print(f"[fedrepro] training.vectorize: method {self.cell['method']} has no vectorized local update; "
                   "running the sequential one", file=sys.stderr)
             return False

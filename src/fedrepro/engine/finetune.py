@@ -31,7 +31,7 @@ from typing import Any
 import torch
 
 from ..registry import ConfigError
-from .final_model import FINAL_MODEL, read_final  # noqa: F401  (FINAL_MODEL: the workflow's name for the file)
+from .final_model import FINAL_MODEL, kept_final, read_final  # noqa: F401  (FINAL_MODEL: the workflow's name for the file)
 
 # -- which rows are derived ---------------------------------------------------------------------------
 
@@ -148,8 +148,9 @@ def finetune_cell(cell: dict, base: dict, shards_dir: str | Path, out_dir: str |
                   device: str = "auto", threads: int | None = None, base_key: str | None = None) -> dict[str, Any]:
     """Write the metrics.json and provenance.json of the fine-tuning row `cell` from the final
     model of its base cell `base` (`base_key`: the hash the base's files carry, where it is not
-    the hash of `base`); train the row in full where the base kept no final model (trained before
-    final models were kept)."""
+    the hash of `base`); its provenance.json records the final model's sha256. Where the file is
+    missing: refused if the base's provenance.json records one (deleted or moved); else the base was
+    trained before final models were kept, and the row is trained in full."""
     from ..custody import cell_identity, write_metrics
     from ..io import clean_stale, short_hash, write_json_atomic
     from ..provenance import collect
@@ -162,32 +163,39 @@ def finetune_cell(cell: dict, base: dict, shards_dir: str | Path, out_dir: str |
     if problem:
         raise ConfigError(f"cell {cell['label']}/seed{cell['seed']} cannot be derived from {base['label']}/seed{base['seed']}: {problem}")
     final_model, out_dir = Path(final_model), Path(out_dir)
-    if not final_model.exists() and not final_model.is_symlink() and "finetune" in cell:
+    absent = not final_model.exists() and not final_model.is_symlink()
+    retrain = f"delete its metrics.json, or snakemake --forcerun {final_model.parent / 'metrics.json'}"
+    recorded = kept_final(final_model) if absent else None
+    if recorded is not None:
+        raise ConfigError(f"final model {final_model} is missing: its cell {base['label']}/seed{base['seed']} kept one "
+                          f"(sha256 {recorded['sha256'][:12]}..., its provenance.json), since deleted or moved; retrain that "
+                          f"cell to regenerate it ({retrain})")
+    if absent and "finetune" in cell:
         raise ConfigError(f"final model {final_model} is absent: its cell {base['label']}/seed{base['seed']} was trained "
-                          "before final models were kept; retrain it (delete its metrics.json, or snakemake --forcerun "
-                          "<its metrics.json>)")
-    if not final_model.exists() and not final_model.is_symlink():  # a base trained before final models were kept
+                          f"before final models were kept (its provenance.json records none); retrain it ({retrain})")
+    if absent:  # a base trained before final models were kept
         kept = _finished(cell, out_dir / "metrics.json")
         if kept is not None:
             print(f"[fedrepro] {final_model} is absent; {out_dir}/metrics.json is already this row's (trained in full): "
                   "kept", file=sys.stderr)
             return kept
-        print(f"[fedrepro] {final_model} is absent (its cell was trained before final models were kept): "
+        print(f"[fedrepro] {final_model} is absent (its cell was trained before final models were kept: its "
+              "provenance.json records none): "
               f"training {cell['label']} in full", file=sys.stderr)
         return train_cell(cell, shards_dir, out_dir, device=device, threads=threads, progress=False)
     clean_stale(out_dir)
     t0 = time.perf_counter()
     manifest, clients, dev, determinism, official = open_cell(cell, shards_dir, device, threads)
     engine = Engine(cell, manifest, clients, dev, progress=False, official_test=official, method_class=finetune_class(cell))
-    state = read_final(final_model, cell_identity(base, manifest, base_key or short_hash(base)), dev, cell["training"])
+    engine.method.setup()  # the clients' initial states (a not-yet-trained client's), the server's layout, then the base's server
+    state, sha256 = read_final(final_model, cell_identity(base, manifest, base_key or short_hash(base)), engine)
     print(f"[fedrepro] fine-tuning cell {cell['label']}/seed{cell['seed']} from {final_model} on {dev}", file=sys.stderr)
-    engine.method.setup()  # the clients' initial states (a not-yet-trained client's), then the base's server
     engine.method.server = state["server"]
     engine.round = rounds = cell["training"]["rounds"]
     history = [_before_last(h, len(engine.clients)) for h in state["history"][:-1]]
-    torch.set_rng_state(state["rng"]["cpu"])
+    torch.set_rng_state(state["rng"]["cpu"].cpu())  # (read onto `dev`; torch takes a random state on the CPU)
     if dev.type == "cuda" and "cuda" in state["rng"]:
-        torch.cuda.set_rng_state(state["rng"]["cuda"], dev)
+        torch.cuda.set_rng_state(state["rng"]["cuda"].cpu(), dev)
     t1 = time.perf_counter()
     record = evaluation.evaluate(engine, personal=True) | {"train_loss": state["history"][-1]["train_loss"]}
     history.append(record)
@@ -211,7 +219,7 @@ def finetune_cell(cell: dict, base: dict, shards_dir: str | Path, out_dir: str |
         metrics["embedding"] = embedding
     identity = cell_identity(cell, manifest)
     metrics["identity"] = identity
-    derived = {"derived_from": {"identity": state["identity"], "final_model": str(final_model)}}
+    derived = {"derived_from": {"identity": state["identity"], "final_model": str(final_model), "sha256": sha256}}
     write_json_atomic(out_dir / "provenance.json", collect(cell, manifest, dev, determinism) | {"identity": identity} | derived)
     write_metrics(out_dir / "metrics.json", metrics)
     return metrics

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from ..custody import METRICS_SCHEMA
-from ..metrics import STATS, summarize, type_summary
+from ..metrics import STATS, beyond_weights, summarize, type_summary
 from .beyond import VAL_PREFIX
 from .data import Client
 
@@ -57,7 +57,7 @@ def _add_beyond(final: dict, summary: dict, beyond: dict, unseen_weights: list[i
     sizes), a global test or validation set's clients equally (each is scored on the same set)."""
     for key, values in beyond.items():
         where, kind = key.split("/")
-        weights = unseen_weights if where == "unseen" else [1] * len(values["acc"])
+        weights = beyond_weights(where, len(values["acc"]), unseen_weights)
         final[f"{where}_{kind}"] = {m: _clean(values[m]) for m in ("acc", "f1")}
         for m in ("acc", "f1"):
             summary[f"{where}_{kind}_{m}"] = _clean_stats(summarize(values[m], weights))

@@ -82,11 +82,12 @@ def train_cell(cell: dict, shards_dir: str | Path, out_dir: str | Path, checkpoi
         metrics = failed_metrics(cell, exc.reason, exc.round, identity)
     # before metrics.json, so a finished cell has both; a failed one keeps none (no row is scored from an
     # earlier run's model). Tuning trials and tuned cells are no fine-tuning row's base (finetune.base_problem).
+    kept = {}  # provenance.json records the final model kept (final_model.kept_final: a missing one is then told from none)
     if metrics["status"] == "ok" and engine.method.has_global and not {"validation", "tuned"} & set(cell):
-        save_final(engine.final, out_dir / FINAL_MODEL, identity)
+        kept["final_model"] = {"file": FINAL_MODEL, "sha256": save_final(engine.final, out_dir / FINAL_MODEL, identity)}
     elif (out_dir / FINAL_MODEL).exists():
         (out_dir / FINAL_MODEL).unlink()
-    write_json_atomic(out_dir / "provenance.json", collect(cell, manifest, dev, determinism) | {"identity": identity})
+    write_json_atomic(out_dir / "provenance.json", collect(cell, manifest, dev, determinism) | {"identity": identity} | kept)
     write_metrics(out_dir / "metrics.json", metrics)
     if checkpoint and Path(checkpoint).exists():
         Path(checkpoint).unlink()

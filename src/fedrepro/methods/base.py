@@ -61,6 +61,13 @@ class Method:
     vectorized: ClassVar[bool] = False
 
     @classmethod
+    def has_vectorized_update(cls) -> bool:
+        """Whether this class's own local update runs as one vectorized round (`vectorized` read from its
+        own namespace, never inherited): what the engine runs with `training.vectorize`, and what the
+        levers of a vectorized round act on (config.LEVER_TARGETS)."""
+        return bool(vars(cls).get("vectorized", False))
+
+    @classmethod
     def check_cell(cls, where: str, hp: dict[str, Any], model: dict[str, Any], partition: dict[str, Any]) -> None:
         """Refuse, before any job runs, a method x model x partition that cannot work (ConfigError)."""
         from ..registry import ConfigError

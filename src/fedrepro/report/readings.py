@@ -5,7 +5,8 @@ headline comparison.
 
 Data: config/papers/published/readings/<paper>.yaml (format: config/papers/published/README.md,
 "Readings ledgers"). `fedrepro readings` checks a ledger (`load_ledger`), writes the per-seed
-values of its headline metric from a results folder into its `measured:` block (`record`), and
+values of its headline metric from a results folder into its `measured:` block (`record`),
+recomputes that block from the results where they are present (`verify`, the same code), and
 renders it as Markdown and HTML (`to_markdown`, `to_html`; the workflow's paper_readings rule,
 docs/papers.md). Statistics: report/stats.py (mean ± std over seeds, paired tests by seed).
 """
@@ -16,6 +17,7 @@ import ast
 import datetime
 import html
 import importlib.util
+import os
 import re
 import warnings
 from dataclasses import dataclass, field, replace
@@ -295,8 +297,9 @@ def _measured(m: Any, where: str) -> dict | None:
     if not isinstance(labels, dict):
         raise ConfigError(f"{where}: must be a mapping with 'labels' (written by `fedrepro readings --record`)")
     for name, values in labels.items():
-        ok = isinstance(values, dict) and all(_seed_key(s) and isinstance(v, (int, float)) and not isinstance(v, bool)
-                                              for s, v in values.items())
+        _seed_keys(values, f"{where}: labels.{name}")
+        ok = isinstance(values, dict) and all(isinstance(v, (int, float)) and not isinstance(v, bool)
+                                              for v in values.values())
         if not ok:
             raise ConfigError(f"{where}: labels.{name} has value {show(values)}; allowed: {{seed: value}} "
                               f"(rerun `fedrepro readings --record`)")
@@ -305,9 +308,10 @@ def _measured(m: Any, where: str) -> dict | None:
         raise ConfigError(f"{where}: key 'changes' has value {show(changes)}; allowed: {{name: {{seed: [round before, "
                           f"last round, change]}}}} (rerun `fedrepro readings --record`)")
     for name, per_seed in (changes or {}).items():
+        _seed_keys(per_seed, f"{where}: changes.{name}")
         ok = isinstance(per_seed, dict) and all(
-            _seed_key(s) and isinstance(c, list) and len(c) == 3 and all(isinstance(x, int) for x in c[:2])
-            and isinstance(c[2], (int, float)) and not isinstance(c[2], bool) for s, c in per_seed.items())
+            isinstance(c, list) and len(c) == 3 and all(isinstance(x, int) for x in c[:2])
+            and isinstance(c[2], (int, float)) and not isinstance(c[2], bool) for c in per_seed.values())
         if not ok:
             raise ConfigError(f"{where}: changes.{name} has value {show(per_seed)}; allowed: {{seed: [round before, "
                               f"last round, change]}} (rerun `fedrepro readings --record`)")
@@ -316,8 +320,16 @@ def _measured(m: Any, where: str) -> dict | None:
             **({"changes": {n: {int(s): c for s, c in per.items()} for n, per in changes.items()}} if changes else {})}
 
 
-def _seed_key(s: Any) -> bool:
-    return isinstance(s, str) and s.isdigit()
+#: a seed key of `measured:` as --record writes it: str(seed), ASCII digits only ('²'.isdigit() is True)
+SEED_KEY = re.compile(r"0|[1-9][0-9]{0,17}")
+
+
+def _seed_keys(per_seed: Any, where: str) -> None:
+    """ConfigError naming the first key of a {seed: ...} mapping that is not a seed as --record writes it."""
+    for s in per_seed if isinstance(per_seed, dict) else ():
+        if not (isinstance(s, str) and SEED_KEY.fullmatch(s)):
+            raise ConfigError(f"{where} has seed key {show(s)}; allowed: a seed in ASCII digits without leading zeros "
+                              f"(0, 1, 42; at most 18 digits), as `fedrepro readings --record` writes it")
 
 
 def _resolve(ledger: Ledger) -> None:
@@ -327,6 +339,10 @@ def _resolve(ledger: Ledger) -> None:
 
     h, where = ledger.headline, f"{_shown(ledger.path)}: headline"
     config_path = ledger.root / h.experiment
+    if not config_path.resolve().is_relative_to(ledger.root.resolve()):  # never read (or quote) a foreign file
+        raise ConfigError(f"{where}: key 'experiment' has value {h.experiment!r}, which is outside the repository "
+                          f"{ledger.root}; allowed: an experiment config relative to the repository "
+                          f"(config/papers/<paper>_cpu.yaml)")
     if not config_path.is_file():
         raise ConfigError(f"{where}: key 'experiment' has value {h.experiment!r}: no such file; allowed: an experiment "
                           f"config relative to the repository (config/papers/<paper>_cpu.yaml)")
@@ -612,26 +628,55 @@ def write(ledger: Ledger, md: str | Path | None = None, out_html: str | Path | N
 # --record: the measured block
 
 
-def measure(ledger: Ledger, results: str | Path) -> dict:
-    """The `measured:` block from the cells' metrics.json under results/<experiment>/runs (the
-    workflow's layout); each file is checked to belong to the experiment's current cell."""
-    from fedrepro.custody import expected_token
-    from fedrepro.report.aggregate import load_cells, summary_frame
-    from fedrepro.report.paper_tables import target_per_seed
+class UnreadableCells(ConfigError):
+    """--record: cells of the ledger's labels that could not be read (`lines`: one per cell, and why)."""
+
+    def __init__(self, lines: list[str]):
+        super().__init__(f"{len(lines)} cell(s) of the ledger's labels could not be read (above); nothing recorded; "
+                         f"allowed: every cell readable, or --skip-unreadable to record without them")
+        self.lines = lines
+
+
+@dataclass(frozen=True)
+class Unread:
+    """A cell of the ledger's labels whose metrics.json could not be read."""
+
+    label: str
+    seed: int
+    why: str
+    absent: bool  # no file at all (a cell not run yet), rather than a damaged or foreign one
+
+    def __str__(self) -> str:
+        return f"{self.label} seed {self.seed}: {self.why}"
+
+
+def read_cells(ledger: Ledger, results: str | Path) -> tuple[list[dict], list[Unread]]:
+    """The metrics.json of the ledger's cells under results/<experiment>/runs (the workflow's layout),
+    each read bounded (a FIFO or device never hangs) and checked to belong to the experiment's current
+    cell; and every cell that could not be read, with why."""
+    from fedrepro.custody import ResultsError, check_unique, expected_token, parse_token, read_metrics, warn_unchecked
 
     results = Path(results)
     wanted = {(t.dataset, t.partition, t.label) for t in ledger.targets.values()}
-    paths, expect = [], []
+    docs, paths, unread = [], [], []
     for c in ledger.exp["cells"]:
         if (c["dataset"], c["partition"], c["label"]) in wanted:
             p = results / "runs" / c["dataset"] / c["partition"] / c["label"] / f"seed{c['seed']}" / "metrics.json"
-            if p.is_file():
+            try:
+                docs.append(read_metrics(p, parse_token(expected_token(c))))
                 paths.append(p)
-                expect.append(expected_token(c))
-    if not paths:
-        raise ConfigError(f"--record {results}: no metrics.json of the ledger's labels under {results}/runs; allowed: the "
-                          f"results folder of {ledger.headline.experiment} (results/{ledger.exp.get('experiment')})")
-    cells = load_cells(paths, expect)
+            except ResultsError as exc:
+                unread.append(Unread(c["label"], int(c["seed"]), str(exc), not os.path.lexists(p)))
+    check_unique(docs, paths)
+    warn_unchecked([p for p, d in zip(paths, docs) if d.get("identity") is None])
+    return docs, unread
+
+
+def measured_block(ledger: Ledger, results: str | Path, cells: list[dict]) -> dict:
+    """The `measured:` block of the cells read (read_cells): what --record writes and --check recomputes."""
+    from fedrepro.report.aggregate import summary_frame
+    from fedrepro.report.paper_tables import target_per_seed
+
     frame = summary_frame(cells)
     runs = by_cell(cells)
     labels, kinds, changes = {}, {}, {}
@@ -642,9 +687,83 @@ def measure(ledger: Ledger, results: str | Path) -> dict:
         # the last change of its curve (report/plateau.py), where it has one
         changes[name] = {str(s): [a, b, round(c, 6)] for s, (a, b, c) in seed_changes(runs, t, kind, raw).items()}
     column = next(iter(ledger.targets.values())).column
-    return {"source": results.as_posix(), "date": datetime.date.today().isoformat(),
+    return {"source": Path(results).as_posix(), "date": datetime.date.today().isoformat(),
             "seeds": sorted({int(c["seed"]) for c in ledger.exp["cells"]}), "column": column, "kinds": kinds,
             "labels": labels, "changes": changes}
+
+
+def measure(ledger: Ledger, results: str | Path, skip_unreadable: bool = False) -> tuple[dict, list[Unread]]:
+    """The `measured:` block from the cells under `results`, and the cells skipped; UnreadableCells
+    where a cell could not be read, unless `skip_unreadable`."""
+    cells, unread = read_cells(ledger, results)
+    if not cells and all(u.absent for u in unread):
+        raise ConfigError(f"--record {results}: no metrics.json of the ledger's labels under {results}/runs; allowed: the "
+                          f"results folder of {ledger.headline.experiment} (results/{ledger.exp.get('experiment')})")
+    if unread and not skip_unreadable:
+        raise UnreadableCells([f"cannot read {u}" for u in unread])
+    if not cells:
+        raise ConfigError(f"--record {results}: no metrics.json of the ledger's labels could be read ({len(unread)} "
+                          f"skipped); allowed: a results folder with readable cells")
+    return measured_block(ledger, results, cells), unread
+
+
+#: recorded and recomputed values agree within one unit of the 6 decimals --record writes
+AGREE = 1e-6
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)) and not isinstance(a, bool) and not isinstance(b, bool):
+        return (np.isnan(a) and np.isnan(b)) or abs(a - b) <= AGREE
+    return a == b
+
+
+def verify(ledger: Ledger) -> tuple[str | None, list[str], list[str]]:
+    """--check: the ledger's `measured:` block recomputed from results/<experiment> of its repository
+    where those results are present (read_cells and measured_block, as --record computes it).
+    Returns (the results folder recomputed from, or None; problems: one line per disagreement or
+    unreadable cell; notes: what was not recomputed)."""
+    m = ledger.measured
+    if not m or not ledger.targets:
+        return None, [], []
+    rel = f"results/{ledger.exp['experiment']}"
+    results = ledger.root / rel
+    if not (results / "runs").is_dir():
+        return None, [], [f"not recomputed: {rel}/runs is absent (the results it names are not here)"]
+    cells, unread = read_cells(ledger, results)
+    problems = [f"{ledger.rel}: measured: cannot read {u} (not recomputed)" for u in unread if not u.absent]
+    absent: dict[str, list[int]] = {}
+    for u in unread:
+        if u.absent:
+            absent.setdefault(u.label, []).append(u.seed)
+    notes = [f"not recomputed for {sum(map(len, absent.values()))} cell(s) whose metrics.json is absent: "
+             + "; ".join(f"{label} seed{'s' * (len(s) > 1)} {', '.join(map(str, s))}" for label, s in absent.items())
+             ] if absent else []
+    if not cells:  # nothing of its names here to compare with
+        return None, problems, notes
+    new = measured_block(ledger, results, cells)
+    skip = {(u.label, u.seed) for u in unread}
+
+    def differ(what: str, got: Any, want: Any) -> None:
+        if not _same(got, want):
+            shown = lambda v: "none" if v is None else show(v)  # noqa: E731
+            problems.append(f"{ledger.rel}: measured: {what}: recorded {shown(got)}, the results give {shown(want)} "
+                            f"(rerun `fedrepro readings {ledger.paper.id} --record {rel}`)")
+
+    for key in ("seeds", "column"):
+        if key in m:
+            differ(key, m[key], new[key])
+    for name, t in ledger.targets.items():
+        if new["kinds"][name] is not None and name in (m.get("kinds") or {}):
+            differ(f"kinds.{name}", m["kinds"][name], new["kinds"][name])
+        for block in ("labels", "changes"):
+            got = (m.get(block) or {}).get(name) or {}
+            want = {int(s): v for s, v in new[block][name].items()}
+            for seed in sorted(set(got) | set(want)):
+                if (t.label, seed) not in skip:
+                    differ(f"{block}.{name} seed {seed}", got.get(seed), want.get(seed))
+    return rel, problems, notes
 
 
 def replace_measured(source: str, measured: dict) -> str:
@@ -664,19 +783,21 @@ def replace_measured(source: str, measured: dict) -> str:
     return head + first + "\n  # written by `fedrepro readings --record`; not by hand\n" + rest
 
 
-def record(path: str | Path, results: str | Path) -> Ledger:
-    """Write the measured block of the ledger at `path` from `results` (atomically); the ledger re-read."""
+def record(path: str | Path, results: str | Path, skip_unreadable: bool = False) -> tuple[Ledger, list[Unread]]:
+    """Write the measured block of the ledger at `path` from `results` (atomically); the ledger re-read
+    and the cells skipped (measure: UnreadableCells where a cell cannot be read, unless `skip_unreadable`)."""
     path = Path(path)
     ledger = load_ledger(path)
     source = path.read_text(encoding="utf-8")
-    new = replace_measured(source, measure(ledger, results))
+    measured, skipped = measure(ledger, results, skip_unreadable)
+    new = replace_measured(source, measured)
     before, after = yaml.safe_load(source), yaml.safe_load(new)
     before.pop("measured", None)
     after.pop("measured", None)
     if before != after:  # never expected: the text before `measured:` is kept byte for byte
         raise ConfigError(f"{_shown(path)}: recording would change more than the measured: block; nothing written")
     write_text_atomic(path, new)
-    return load_ledger(path)
+    return load_ledger(path), skipped
 
 
 # ---------------------------------------------------------------------------------------------
