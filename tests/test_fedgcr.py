@@ -385,3 +385,20 @@ def test_type_summary_on_hand_values():
     assert out["sigma_type"] == pytest.approx(t.std())
     assert out["sigma_client"] == pytest.approx(np.array([0.625, 0.625, 0.2, 0.4]).std())
     assert out["num_types"] == 3
+
+
+def test_exploded_client_representations_fail_the_cell_with_a_reason(domain_partition, make_cell):
+    """Algorithm 1's unnormalised sum rescales the model every round; on fedgcr_cpu its representations
+    exploded by round 3 and scikit-learn's GMM ended the job with a traceback. Now the round's
+    aggregate raises TrainingDiverged, which the job records as a failed cell with its reason."""
+    from fedrepro.federation import TrainingDiverged
+
+    engine = gcr_engine(domain_partition, make_cell, rounds=2)
+    method = engine.method
+    method.setup()
+    engine.round = 2
+    updates = [method.local_update(c, method.broadcast(c)) for c in engine.clients]
+    updates[1].extras["rep"] = torch.full_like(updates[1].extras["rep"], float("inf"))
+    with pytest.raises(TrainingDiverged) as err:
+        method.aggregate(updates)
+    assert err.value.round == 2 and err.value.reason.startswith("the GMM cannot cluster round 2's client representations")

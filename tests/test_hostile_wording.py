@@ -110,3 +110,17 @@ def test_partition_names_an_unknown_dataset_not_the_output_folder(spec, tmp_path
     assert rc == 2 and err == ("fedrepro partition: error: partition of dataset 'digits': key 'dataset_params' has value "
                                "[1]; allowed: a mapping of the dataset's parameters")
     assert not (tmp_path / "shards").exists()
+
+
+@pytest.mark.parametrize("bad, named", [
+    ({"dataset": "nosuch"}, "has keys ['dataset']; allowed: exactly"),  # before: KeyError 'seed' traceback
+    ({"dataset": "nosuch", "dataset_params": {}, "backbone": {"backbone": "vit_tiny_patch16_224", "backbone_args": {}},
+      "epochs": 1, "samples": 8, "batch_size": 4, "lr": 0.001, "seed": 0}, "key 'dataset' has value 'nosuch'"),
+    ({"dataset": "shifted_domains", "dataset_params": {}, "backbone": {"backbone": "vit_tiny_patch16_224",
+      "backbone_args": {}}, "epochs": 0, "samples": 8, "batch_size": 4, "lr": 0.001, "seed": 0}, "epochs"),
+])
+def test_pretrain_backbone_refuses_a_bad_spec_in_one_line(bad, named, tmp_path, capsys):
+    rc, err = one_line_error(capsys, ["pretrain-backbone", "--spec", json.dumps(bad), "--root", str(tmp_path / "raw"),
+                                      "--out", str(tmp_path / "b.pt")])
+    assert rc == 2 and err.startswith("fedrepro pretrain-backbone: error: argument --spec") and named in err, err
+    assert not (tmp_path / "b.pt").exists()

@@ -102,7 +102,12 @@ def _edit(path, edit):
     (lambda d: d["readings"][0]["effects"][0].update(label="ghost"), "'ghost', which is not a method label"),
     (lambda d: d["readings"][0]["effects"][0].update(label="fedavg"), "which runs fedavg with q = None; allowed: a label "
                                                                       "running qffl with q: 5.0"),
-    (lambda d: d["readings"][0]["effects"][0].update(option=Q_DEFAULT), "allowed: an option other than the default"),
+    (lambda d: d["readings"][0]["effects"][0].update(option=Q_DEFAULT), "allowed: an option other than the one the "
+                                                                         "stand-in runs: ['5.0']"),
+    (lambda d: d["readings"][0].update(stand_in=Q_DEFAULT), "key 'stand_in' has value 1.0; allowed: the option the "
+                                                             "headline stand-in runs where it is not the default: ['5.0']"),
+    (lambda d: d["readings"][0].update(stand_in=5.0), "effects[0]: key 'option' has value 5.0; allowed: an option other "
+                                                      f"than the one the stand-in runs: ['{Q_DEFAULT}']"),
     (lambda d: d["readings"][1].pop("not_measured"), "key 'not_measured' has value None"),
     (lambda d: d["readings"][1].update(not_measured="not this session"),
      "key 'not_measured' has value 'not this session'; allowed: 'cannot act: ' and why"),
@@ -142,6 +147,25 @@ def test_differences_paired_tests_verdicts_and_flips(tmp_path):
     assert "`qffl.q`" in md and "5.0 (`qffl_q5`): 56.33 ± 1.53 (n=3)" in md and "5.0: yes" in md
     assert "not measured: pending: no label runs it here" in md and "**start: before training**" in md
     assert "<td><code>qffl.q</code>" in rd.to_html(ledger)
+
+
+def test_a_stand_in_departing_from_the_default_is_measured_against_it(tmp_path):
+    """GRP-FED's λ: the stand-in runs the value its tuning selects, not the registered default, so the
+    default is an alternative measured against what the stand-in runs, and the table bolds the latter."""
+    ledger = copy.deepcopy(LEDGER)
+    ledger["readings"][0].update(stand_in=5.0, effects=[{"option": Q_DEFAULT, "label": "qffl_registered"}])
+    path = make_repo(tmp_path, ledger=ledger, measured={**RUNS, "qffl_registered": [0.60, 0.62, 0.64]})
+    experiment = copy.deepcopy(EXPERIMENT)  # the headline's qffl runs q = 5, a label the registered q
+    experiment["methods"].update(qffl={"hparams": {"q": 5.0}}, qffl_registered={"method": "qffl"})
+    experiment["methods"]["qffl_q5"]["hparams"]["q"] = 6.0  # not the same cells as qffl
+    (tmp_path / "config" / "papers" / "toy_cpu.yaml").write_text(yaml.safe_dump(experiment))
+    ledger = rd.load_ledger(path)
+    reading = ledger.readings[0]
+    assert (reading.default, reading.stand_in, reading.runs) == (str(Q_DEFAULT), "5.0", "5.0")
+    md = rd.to_markdown(ledger)
+    assert "**5.0: a fairer one**" in md and f"**{Q_DEFAULT}:" not in md
+    assert f"{Q_DEFAULT} (registered; the stand-in runs 5.0): the code's value" in md
+    assert f"{Q_DEFAULT} (`qffl_registered`): 62.00 ± 2.00 (n=3)" in md  # the registered default, the alternative
 
 
 def test_undefined_tests_and_lower_is_better(tmp_path):
@@ -283,4 +307,17 @@ def test_complete_ledgers_have_no_entry_left_to_measure(paper):
     ledger = rd.load_ledger(rd.ledger_path(paper))
     assert rd.incomplete(ledger) == []
     for r in ledger.readings:
-        assert r.effects or r.not_measured.startswith(rd.CANNOT_ACT), r.id
+        assert r.effects or r.not_measured.startswith((rd.CANNOT_ACT, rd.FAILS)), r.id
+
+
+def test_an_alternative_whose_every_run_failed_counts_as_measured(tmp_path):
+    """A reading that diverges on the stand-in (FedGCR's unnormalised sum) has no score to compare: its
+    entry says so with `fails:` and is not left to measure; a bare reason is still refused."""
+    path = make_repo(tmp_path)
+    _edit(path, lambda d: d["readings"][1].update(not_measured="fails: every seed diverges in round 3"))
+    ledger = rd.load_ledger(path)
+    assert ledger.readings[1].not_measured.startswith(rd.FAILS)
+    assert not any(line.startswith("qffl.loss_at") for line in rd.incomplete(ledger))
+    _edit(path, lambda d: d["readings"][1].update(not_measured="it diverges"))
+    with pytest.raises(ConfigError, match="'fails: ' and how every run of the alternative failed on it"):
+        rd.load_ledger(path)

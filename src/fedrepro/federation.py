@@ -20,6 +20,16 @@ import torch
 Params = dict[str, torch.Tensor]
 
 
+class TrainingDiverged(RuntimeError):
+    """A cell's training ran into numbers it cannot go on from (a non-finite loss; a method's server
+    step that cannot proceed, e.g. FedGCR's GMM on exploded representations): the job writes a failed
+    metrics.json with `reason` and `round` instead of a traceback (engine/run.py)."""
+
+    def __init__(self, reason: str, round: int):
+        super().__init__(reason)
+        self.reason, self.round = reason, round
+
+
 @dataclass
 class Split:
     x: torch.Tensor  # float32, normalised, on the device

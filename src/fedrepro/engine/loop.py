@@ -20,17 +20,11 @@ from typing import Any
 
 import torch
 
-from ..federation import Update, payload_bytes
+from ..federation import TrainingDiverged, Update, payload_bytes
 from ..io import derive_seed
 from . import beyond, checkpoints, embedding as tsne, evaluation
 from .record import accuracies, build_metrics, summaries
 from .round_progress import RoundProgress
-
-
-class TrainingDiverged(RuntimeError):
-    def __init__(self, reason: str, round: int):
-        super().__init__(reason)
-        self.reason, self.round = reason, round
 
 
 def _checked(update: Update, cid: int, r: int) -> Update:

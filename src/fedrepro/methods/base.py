@@ -38,8 +38,8 @@ import torch
 # The contract between the engine and the methods (the engine's tools, the messages of a round) is
 # the shared vocabulary of fedrepro.federation: a method imports it, never the engine. Re-exported
 # here, where methods and plugins have always imported these names from.
-from ..federation import (Batch, Client, ClientFit, Engine, FitResult, Params, Update, payload_bytes,  # noqa: F401
-                          select, weighted_average)
+from ..federation import (Batch, Client, ClientFit, Engine, FitResult, Params, TrainingDiverged, Update,  # noqa: F401
+                          payload_bytes, select, weighted_average)
 from ..registry import Param
 
 

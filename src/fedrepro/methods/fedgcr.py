@@ -74,7 +74,7 @@ from . import register
 from ._fair import LOSS_AT, LossWeighted, global_loss, mix
 from ._fedgr import (BETA_SCHEDULES, COVARIANCE_PARAM, GROUP_LOSSES, beta_at, class_balanced_mean, cluster_clients, cluster_purity,
                      fedgr_weights)
-from .base import Update, select
+from .base import TrainingDiverged, Update, select
 from .moon import model_contrastive_loss
 
 MESSAGE = "fedgcr/"  # payload entries that are not model parameters (cluster centres, cluster id)
@@ -210,8 +210,12 @@ class FedGCR(LossWeighted):
             return
         reps = torch.stack([u.extras["rep"] for u in updates])
         r = self.engine.round
-        labels, centres = cluster_clients(reps, self.num_groups(), derive_seed(self.engine.seed, "fedgr-gmm", r),
-                                          self.hp["covariance"], self.hp["reg_covar"])
+        try:
+            labels, centres = cluster_clients(reps, self.num_groups(), derive_seed(self.engine.seed, "fedgr-gmm", r),
+                                              self.hp["covariance"], self.hp["reg_covar"])
+        except ValueError as exc:  # scikit-learn's GMM on non-finite or collapsed representations
+            raise TrainingDiverged(f"the GMM cannot cluster round {r}'s client representations (largest |h~| "
+                                   f"{float(reps.abs().max()):.3g}): {exc}", r) from None
         self.server["centres"] = centres
         self.server["group_of"] = {u.client_id: int(g) for u, g in zip(updates, labels)}
         types = [self.engine.client(u.client_id).client_type for u in updates]

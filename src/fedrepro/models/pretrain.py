@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from ..io import atomic_path, derive_seed, short_hash
-from ..registry import ConfigError, Param, resolve_params
+from ..registry import ConfigError, Param, resolve_params, show
 
 PROXY_WEIGHTS = "proxy"  # the model parameter value that asks for a proxy-pretrained backbone
 PRETRAINED_DIR = "results/pretrained"
@@ -56,11 +56,31 @@ def pretrain_spec(dataset: str, dataset_params: dict, model: dict, pretrain: dic
     return {"spec": spec, "out": f"{PRETRAINED_DIR}/{dataset}/{short_hash(spec)}.pt"}
 
 
+def check_spec(spec: Any) -> None:
+    """ConfigError naming what is wrong with a pretraining spec given by hand (`pretrain_spec` writes
+    the workflow's): its keys, its dataset and its settings, before any data is read."""
+    keys = {"dataset", "dataset_params", "backbone", *PRETRAIN_PARAMS}
+    if not isinstance(spec, dict) or set(spec) != keys:
+        have = sorted(spec) if isinstance(spec, dict) else type(spec).__name__
+        raise ConfigError(f"argument --spec has keys {show(have)}; allowed: exactly {sorted(keys)} (as the workflow's "
+                          f"pretrain_backbone rule writes them)")
+    if spec["dataset"] not in PROXY_SOURCES:
+        raise ConfigError(f"argument --spec: key 'dataset' has value {show(spec['dataset'])}; allowed: a dataset with a "
+                          f"held-out proxy, {sorted(PROXY_SOURCES)}")
+    resolve_params("argument --spec", PRETRAIN_PARAMS, {k: spec[k] for k in PRETRAIN_PARAMS})
+    backbone = spec["backbone"]
+    if not (isinstance(backbone, dict) and isinstance(backbone.get("backbone"), str)
+            and isinstance(backbone.get("backbone_args"), dict)):
+        raise ConfigError(f"argument --spec: key 'backbone' has value {show(backbone)}; allowed: "
+                          "{backbone: <timm name>, backbone_args: {...}}")
+
+
 def pretrain_backbone(spec: dict, root: Path, out: Path, threads: int | None = None) -> dict[str, float]:
     """Train backbone + a linear classifier on the proxy (cross-entropy, AdamW, cosine lr), save the
     backbone's state dict atomically to `out`; returns the final epoch's loss and accuracy."""
     from .prompted_vit import WEIGHTS_NONE, build_backbone
 
+    check_spec(spec)
     if threads:
         torch.set_num_threads(threads)
     seed = spec["seed"]

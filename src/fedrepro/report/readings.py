@@ -46,11 +46,12 @@ TOP_KEYS = ("paper", "methods", "headline", "readings", "measured")
 HEADLINE_KEYS = ("experiment", "table", "metric", "proposed", "fedavg", "baselines")
 HEADLINE_OPTIONAL = ("dataset", "setting")  # the table column, where the experiment maps several
 READING_KEYS = ("id", "mark", "question", "paper", "code", "options", "default", "why")
-READING_OPTIONAL = ("effects", "not_measured")
+READING_OPTIONAL = ("effects", "not_measured", "stand_in")
 NOT_JUDGED = "not judged"
-#: why an entry has no measured alternative: it provably cannot act on the stand-in, or the
-#: measurement is still to be made (listed by `fedrepro readings --check`, refused by --complete)
-CANNOT_ACT, PENDING = "cannot act: ", "pending: "
+#: why an entry has no measured alternative: it provably cannot act on the stand-in, every run of it
+#: failed on the stand-in over at least MIN_SEEDS seeds (no score to compare: the entry says where and
+#: why), or the measurement is still to be made (listed by `fedrepro readings --check`, refused by --complete)
+CANNOT_ACT, FAILS, PENDING = "cannot act: ", "fails: ", "pending: "
 MIN_SEEDS = 3  # an alternative counts as measured over at least this many seeds
 
 
@@ -76,6 +77,12 @@ class Reading:
     why: str
     effects: list[Effect]
     not_measured: str | None
+    stand_in: str | None = None  # the option the headline stand-in runs where its config departs from the default
+
+    @property
+    def runs(self) -> str:
+        """The option the headline's proposed label runs: the alternatives are measured against it."""
+        return self.stand_in or self.default
 
     @property
     def method(self) -> str:
@@ -248,6 +255,13 @@ def _reading(r: Any, where: str, methods: list[str]) -> Reading:
     if not is_option(params[hparam].default, default):
         raise ConfigError(f"{where}: key 'default' has value {show(r['default'])}, but {method}'s {hparam} defaults to "
                           f"{show(params[hparam].default)}; allowed: the registered default")
+    stand_in = None
+    if r.get("stand_in") is not None:  # e.g. a value the stand-in's config selects by tuning
+        stand_in = next((o for o in options if is_option(r["stand_in"], o) and o != default), None)
+        if stand_in is None:
+            raise ConfigError(f"{where}: key 'stand_in' has value {show(r['stand_in'])}; allowed: the option the headline "
+                              f"stand-in runs where it is not the default: {[o for o in options if o != default]}")
+    runs = stand_in or default
     effects = []
     for j, e in enumerate(r.get("effects") or []):
         w = f"{where}: effects[{j}]"
@@ -255,21 +269,22 @@ def _reading(r: Any, where: str, methods: list[str]) -> Reading:
             raise ConfigError(f"{w}: must be a mapping {{option, label}}")
         _need(e, ("option", "label"), (), w)
         option = text(e["option"])
-        if option not in options or option == default:
-            raise ConfigError(f"{w}: key 'option' has value {show(e['option'])}; allowed: an option other than the "
-                              f"default: {[o for o in options if o != default]}")
+        if option not in options or option == runs:
+            raise ConfigError(f"{w}: key 'option' has value {show(e['option'])}; allowed: an option other than the one "
+                              f"the stand-in runs: {[o for o in options if o != runs]}")
         effects.append(Effect(option, _str(e["label"], w, "label")))
     not_measured = r.get("not_measured")
     if not effects and not (isinstance(not_measured, str) and not_measured.strip()):
         raise ConfigError(f"{where}: key 'not_measured' has value {show(not_measured)}; allowed: why no alternative is "
                           f"measured (a non-empty string), where 'effects' is empty")
-    if isinstance(not_measured, str) and not not_measured.startswith((CANNOT_ACT, PENDING)):
+    if isinstance(not_measured, str) and not not_measured.startswith((CANNOT_ACT, FAILS, PENDING)):
         raise ConfigError(f"{where}: key 'not_measured' has value {show(not_measured)}; allowed: {CANNOT_ACT!r} and why "
-                          f"the alternatives provably cannot act on the headline stand-in, or {PENDING!r} and why the "
+                          f"the alternatives provably cannot act on the headline stand-in, {FAILS!r} and how every run "
+                          f"of the alternative failed on it, or {PENDING!r} and why the "
                           f"measurement is still to be made")
     return Reading(rid, marks, _str(r["question"], where, "question"), _str(r["paper"], where, "paper"),
                    _str(r["code"], where, "code"), options, default, _str(r["why"], where, "why"), effects,
-                   not_measured if isinstance(not_measured, str) else None)
+                   not_measured if isinstance(not_measured, str) else None, stand_in)
 
 
 def _headline(h: Any, paper: Paper, where: str) -> Headline:
@@ -563,7 +578,7 @@ def _header(ledger: Ledger) -> tuple[str, list[str], Side | None, str | None]:
     return f"{p.short}: readings ledger", lines, default, best
 
 
-HEAD = ["Reading", "Mark", "The paper's words; the authors' code", "Options (default in bold)", "Default: why",
+HEAD = ["Reading", "Mark", "The paper's words; the authors' code", "Options (what the stand-in runs in bold)", "Default: why",
         "Measured effect of each alternative", "Flips the verdict"]
 
 
@@ -584,8 +599,9 @@ def rows(ledger: Ledger, default: Side | None, best: str | None) -> list[list[li
             effect.append((f"not measured: {r.not_measured}", False))
         out.append([[(f"`{r.id}`", False), (r.question, False)], [(" + ".join(r.marks), False)],
                     [(r.paper, False), (f"code: {r.code}", False)],
-                    [(f"{k}: {v}", k == r.default) for k, v in r.options.items()],
-                    [(f"{r.default}: {r.why}", False)], effect, flip or [("-", False)]])
+                    [(f"{k}: {v}", k == r.runs) for k, v in r.options.items()],
+                    [(f"{r.default}" + (f" (registered; the stand-in runs {r.stand_in})" if r.stand_in else "")
+                      + f": {r.why}", False)], effect, flip or [("-", False)]])
     return out
 
 
