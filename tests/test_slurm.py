@@ -45,6 +45,7 @@ import pytest
 import yaml
 
 from conftest import REPO
+from fedrepro.planning import FALLBACK_RUNTIME_MIN
 
 pytestmark = pytest.mark.slow
 
@@ -207,8 +208,9 @@ def packed_run(cluster, tmp_path_factory):
     assert rc == 0, f"the slurm-packed run failed:\n{text[-6000:]}"
     names = set(re.findall(r"^sbatch call: sbatch --parsable --job-name (\S+)", text, re.M))
     assert len(names) == 1, names
+    # no calibration in this working folder: each cell asks for the fixed limit of before (docs/cost.md)
     return SimpleNamespace(work=work, config=config, log=text, jobname=names.pop(), threads=threads, mem_mb=mem_mb,
-                           runtime=train["runtime"])
+                           runtime=FALLBACK_RUNTIME_MIN["train"])
 
 
 # ----------------------------------------------------------------------------- tests
@@ -261,6 +263,53 @@ def test_every_training_cell_is_its_own_slurm_job_with_the_declared_resources(cl
         assert " --gpus=1" in opts and f"-p {GPU_PART}" in opts and f"-A {ACCOUNT}" in opts and "-t 240" in opts
 
 
+def test_training_time_limits_follow_each_cells_estimate(cluster, tmp_path):
+    """With a calibration in the workflow's results/.calibration/ at the jobs' threads, every training
+    job is submitted with its own time limit, the planning's estimate x margin + floor (docs/cost.md):
+    Ditto's cells (two models a batch) and FedAvg's of 3 and 9 rounds ask for different limits, and
+    sacct records them. The calibration's numbers are made up (seconds a step) so that the cells'
+    estimates are minutes apart; the cells themselves train in seconds. An iid partition: its clients'
+    sizes are the estimate's before the shards exist and the manifest's after, to the step (Snakemake
+    may ask for the limits before or after partitioning)."""
+    from fedrepro import calibration, planning
+    from fedrepro.config import resolve_experiment
+
+    config = tiny_config("slurm_cost", {"fedavg": {}, "ditto": {}, "fedavg_long": {"method": "fedavg",
+                         "training": {"rounds": 9}}}, rounds=3)
+    config["partitions"] = {"dir": {"partitioner": "iid", "num_clients": 3, "seed": 0}}
+    (tmp_path / "cost.yaml").write_text(yaml.safe_dump(config))
+    exp = resolve_experiment(config)
+    spec = calibration.model_spec(exp["cells"][0], exp["datasets"])
+    root = tmp_path / calibration.CALIBRATION_DIR
+    path = calibration.calibration_path("cpu: made up", 1, "0", root)
+    calibration.save_entry(path, {"device": "cpu: made up", "threads": 1, "torch": "0", "startup_s": 30.0}, spec.key,
+                           {"train_step_s": 2.0, "forward_sample_s": 1e-6, "head_step_s": 1e-2})
+    shards = tmp_path / "results" / "shards"
+    limits = planning.RuntimeLimits(exp, calibration_root=root, environ={}, shards_root=shards)
+    expected = {c["label"]: limits.minutes("train", c, threads=1) for c in exp["cells"]}
+    assert len(set(expected.values())) == 3, expected  # the three cells' estimates differ
+
+    rc, text = snakemake(cluster, tmp_path, "--configfile", "cost.yaml", *OVERRIDES, log_name="cost.log")
+    assert rc == 0, text[-6000:]
+    calls = {re.search(r"--comment rule_train_wildcards_digits_dir_(\w+?)_0", c).group(1): submitted(c)
+             for c in sbatch_calls(text, "train")}
+    assert sorted(calls) == sorted(expected), calls
+    jobids = {}
+    for label, minutes in expected.items():
+        assert f" -t {minutes} " in calls[label] + " ", (label, minutes, calls[label])
+        run_dir = tmp_path / "results" / "slurm_cost" / "runs" / "digits" / "dir" / label / "seed0"
+        jobids[label] = json.loads((run_dir / "provenance.json").read_text())["slurm"]["SLURM_JOB_ID"]
+    rows = {r["JobID"]: r for r in sacct(cluster, *jobids.values())}
+    for label, jobid in jobids.items():
+        m = expected[label]
+        assert rows[jobid]["Timelimit"] == f"{m // 60:02d}:{m % 60:02d}:00", (label, rows[jobid])
+    after = planning.RuntimeLimits(exp, calibration_root=root, environ={}, shards_root=shards)
+    from fedrepro.cost import Estimator
+
+    assert Estimator(exp, shards).sizes("digits", "dir").source == "manifest"
+    assert {c["label"]: after.minutes("train", c, threads=1) for c in exp["cells"]} == expected
+
+
 def test_data_preparation_runs_on_the_cpu_partition_and_aggregation_locally(cluster, slurm_run):
     rows = [r for r in sacct(cluster) if r["JobName"] == slurm_run.jobname]
     by_rule = {}
@@ -283,10 +332,10 @@ def test_profile_training_submission_requests_a_gpu(cluster, slurm_run, tmp_path
 
     A fresh working directory with the shards of the run above and no metrics: only
     one train job is needed. First with the profile as it is (only the account
-    overridden): -p gpu, --gpus=1, 8 CPUs, 32000 MB, 240 min. No partition 'gpu' here,
-    so sbatch refuses it; the plugin logs the call either way. Then with the README's
-    override of the partitions: still --gpus=1 and 8 CPUs; on this host the job exceeds
-    the node (EnforcePartLimits=ALL refuses it) unless the node has 8 CPUs.
+    overridden): -p gpu, --gpus=1, 8 CPUs, 32000 MB, 240 min (no calibration here: the fixed
+    limit). No partition 'gpu' here, so sbatch refuses it; the plugin logs the call either way.
+    Then with the README's override of the partitions: still --gpus=1 and 8 CPUs; on this host
+    the job exceeds the node (EnforcePartLimits=ALL refuses it) unless the node has 8 CPUs.
     """
     for sub in ("raw", "shards"):
         shutil.copytree(slurm_run.work / "results" / sub, tmp_path / "results" / sub)
@@ -306,7 +355,7 @@ def test_profile_training_submission_requests_a_gpu(cluster, slurm_run, tmp_path
 
     _, text = snakemake(cluster, tmp_path, "--default-resources", f"slurm_account={ACCOUNT}", f"slurm_partition={CPU_PART}",
                         "runtime=30", "mem_mb=4000", "--set-resources", f"train:slurm_partition={GPU_PART}", "train:gpu=1",
-                        "train:mem_mb=32000", "train:runtime=240", *common, log_name="readme.log", timeout=600)
+                        "train:mem_mb=32000", *common, log_name="readme.log", timeout=600)
     calls = sbatch_calls(text, "train")
     assert len(calls) == 1, text[-3000:]
     opts = submitted(calls[0])

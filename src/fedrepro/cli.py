@@ -100,6 +100,10 @@ def _validate(args) -> None:
             print(f"{name}: warning: {line}", file=sys.stderr)
         for line in paper_table_lines(paths[-1], exp, config):
             print(f"{name}: {line}")
+        from .cost import experiment_lines
+
+        for line in experiment_lines(exp):  # from a cached calibration only: validate never measures
+            print(f"{name}: {line}")
 
 
 def paper_table_lines(path, exp: dict, config: dict) -> list[str]:
@@ -128,8 +132,46 @@ def derived_note(exp: dict) -> str:
 
 def cmd_cells(args) -> None:
     _, exp = _experiment(args)
+    if not args.cost:
+        for c in exp["cells"]:
+            print(cell_id(c))
+        return
+    from .calibration import load_calibrations
+    from .cost import Estimator, human, machine_calibration
+    from .local_plan import machine_plan
+
+    threads = args.threads or machine_plan().threads
+    calibrations, problems = load_calibrations()
+    for line in problems:
+        print(f"fedrepro cells: warning: {line}", file=sys.stderr)
+    calibration, device = machine_calibration(calibrations, threads)
+    print(f"[fedrepro] cost on {device}, {threads} threads: "
+          + (f"calibration {calibration['path']}" if calibration else "uncalibrated (run `fedrepro calibrate CONFIG`)"),
+          file=sys.stderr)
+    estimator = Estimator(exp)
     for c in exp["cells"]:
-        print(cell_id(c))
+        work = estimator.work(c)
+        seconds = work.seconds(calibration) if work is not None and calibration else None
+        shown = ("size unknown" if work is None else human(seconds) if seconds is not None else
+                 f"uncalibrated ({work.train_steps:,.0f} steps, {work.forward_samples:,.0f} forwards)")
+        print(f"{cell_id(c)}\t{shown}")
+
+
+def cmd_calibrate(args) -> None:
+    import time
+
+    from . import calibration as cal
+    from .engine.run import pick_device
+    from .local_plan import machine_plan
+
+    t0 = time.perf_counter()
+    _, exp = _experiment(args)
+    cells = exp["cells"] + exp["tuning_cells"]
+    specs = list({s.key: s for s in (cal.model_spec(c, exp["datasets"]) for c in cells)}.values())
+    deterministic = all(c["training"]["deterministic"] for c in cells)
+    path = cal.calibrate(specs, pick_device(args.device), args.threads or machine_plan().threads, deterministic,
+                         force=args.force, say=lambda line: print(line, file=sys.stderr))
+    print(f"{path}: {len(specs)} model(s) calibrated in {time.perf_counter() - t0:.1f} s")
 
 
 def cmd_prepare(args) -> None:
@@ -521,7 +563,26 @@ def build_parser() -> argparse.ArgumentParser:
                        "merged as Snakemake's --configfile merges them, then the --set overrides.")
     p.add_argument("configs", nargs="+", metavar="CONFIG")
     _add_set(p)
+    p.add_argument("--cost", action="store_true", help="add each cell's estimated time on this machine (from a cached "
+                   "calibration: `fedrepro calibrate`; docs/cost.md)")
+    p.add_argument("--threads", type=check.positive_int, default=None, help="with --cost: the cells' threads (default: "
+                   "the local profile's)")
     p.set_defaults(func=cmd_cells)
+
+    p = sub.add_parser("calibrate", help="time this machine's training steps for an experiment's models",
+                       description="Time a few training steps, forward passes and head steps of every model (with its "
+                       "input shape, classes and batch size) the experiment's cells use, and a job's start-up, on the "
+                       "device and at the thread count the cells would run with; cache the seconds per step under "
+                       "results/.calibration/ (one file per device, threads and torch version). `fedrepro validate` and "
+                       "`fedrepro cells --cost` estimate every cell's time from it, and the SLURM profiles its time "
+                       "limit (docs/cost.md). Models already cached are skipped (--force measures again).")
+    p.add_argument("configs", nargs="+", metavar="CONFIG")
+    _add_set(p)
+    p.add_argument("--device", default="auto", type=check.device, help="auto (CUDA when present), cpu, cuda, cuda:1, ...")
+    p.add_argument("--threads", type=check.positive_int, default=None, help="torch CPU threads (default: the local "
+                   "profile's per cell, 2)")
+    p.add_argument("--force", action="store_true", help="measure every model again, cached or not")
+    p.set_defaults(func=cmd_calibrate)
 
     p = sub.add_parser("prepare", help="make a dataset's raw files present", description="Make a dataset's raw files "
                        "present under --root (local system package, or download) and record its fingerprint.")

@@ -178,6 +178,32 @@ def query_gpus(timeout: float | None = None) -> tuple[list[tuple[str, str, int |
     return rows, ""
 
 
+def query_gpu_names(cuda_visible: str | None = None, timeout: float | None = None) -> list[str]:
+    """The names of the GPUs CUDA will show a job (nvidia-smi's, CUDA_VISIBLE_DEVICES applied by index
+    or UUID as in `visible_gpus`), without initialising CUDA; [] without nvidia-smi or when it fails."""
+    exe = shutil.which("nvidia-smi")
+    if exe is None:
+        return []
+    try:
+        proc = run_bounded([exe, "--query-gpu=index,uuid,name", "--format=csv,noheader"], program="nvidia-smi",
+                           timeout=NVIDIA_SMI_TIMEOUT_S if timeout is None else timeout, check=False)
+    except ProgramFailed:
+        return []
+    if proc.returncode != 0:
+        return []
+    rows = [[p.strip() for p in line.split(",", 2)] for line in proc.stdout.splitlines()[:1024]]
+    rows = [r for r in rows if len(r) == 3]
+    if cuda_visible is None:
+        return [name for _, _, name in rows]
+    names = []
+    for entry in (e.strip() for e in cuda_visible.split(",")):
+        match = [name for index, uuid, name in rows if entry == index or (entry.startswith("GPU-") and uuid.startswith(entry))]
+        if not match:
+            break
+        names.append(match[0])
+    return names
+
+
 def usable_cores() -> int:
     try:
         return len(os.sched_getaffinity(0))
@@ -200,17 +226,30 @@ def available_memory_mib(path: str = "/proc/meminfo") -> int | None:
     return None
 
 
+def machine_plan(environ: Mapping[str, str] | None = None) -> LocalPlan:
+    """The plan for this machine (ConfigError for a bad override variable), said nowhere: what the
+    local profile runs, and what `fedrepro validate` estimates the wall time with (fedrepro.cost)."""
+    environ = os.environ if environ is None else environ
+    slots, threads = env_count(SLOTS_ENV, environ), env_count(THREADS_ENV, environ)
+    rows, failure = query_gpus()
+    return plan(usable_cores(), visible_gpus(rows, environ.get("CUDA_VISIBLE_DEVICES")), available_memory_mib(),
+                slots=slots, threads=threads, note=failure)
+
+
+def cells_at_once(local: LocalPlan, cores: int | None = None) -> int:
+    """Training cells the plan runs side by side with the profile's `--cores all`: as many as the cores
+    hold at its threads per cell, at most its gpu_slots (GPUs, or the memory)."""
+    fit = max(1, (usable_cores() if cores is None else cores) // local.threads)
+    return fit if local.gpu_slots is None else min(fit, local.gpu_slots)
+
+
 def profile_plan(environ: Mapping[str, str] | None = None, stream=None) -> LocalPlan:
     """The plan for this machine, said once on stderr: called by workflow/profiles/local while
     Snakemake reads it. A bad override variable stops Snakemake with one line."""
-    environ = os.environ if environ is None else environ
     try:
-        slots, threads = env_count(SLOTS_ENV, environ), env_count(THREADS_ENV, environ)
+        result = machine_plan(environ)
     except ConfigError as exc:
         sys.exit(f"fedrepro: local profile: {exc}")
-    rows, failure = query_gpus()
-    result = plan(usable_cores(), visible_gpus(rows, environ.get("CUDA_VISIBLE_DEVICES")), available_memory_mib(),
-                  slots=slots, threads=threads, note=failure)
     global _said
     if not _said:  # Snakemake reads the profile once per run, in its own process; jobs never do
         print(result.line, file=stream or sys.stderr, flush=True)

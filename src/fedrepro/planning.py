@@ -12,10 +12,31 @@ and Snakemake warn about before any job.
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 from pathlib import Path
 from typing import Any, Iterable, Sequence
+
+#: SLURM time limits (the training rules' `runtime`, minutes) from each cell's cost estimate (docs/cost.md):
+#: estimate x RUNTIME_MARGIN + RUNTIME_FLOOR_MIN, times the attempt (a job killed at its limit is retried
+#: with a longer one, and resumes from its checkpoint), at most the maximum of MAX_RUNTIME_ENV.
+#: The margin covers what the estimate leaves out or cannot know: a node busier than the calibrated
+#: machine, the data's loading, an untimed method extra (docs/cost.md's table says how far off it is).
+RUNTIME_MARGIN = 2.0
+#: A short cell's limit is still this long: staging Python and the data on a node takes minutes.
+RUNTIME_FLOOR_MIN = 10
+#: The largest time limit a job asks for (your GPU partition's MaxTime), in minutes; the SLURM profiles
+#: set it (default DEFAULT_MAX_RUNTIME_MIN, the fixed limit every training job asked for before).
+MAX_RUNTIME_ENV = "FEDREPRO_MAX_RUNTIME"
+DEFAULT_MAX_RUNTIME_MIN = 240
+#: Each rule's limit where no calibration has the cell's model (the fixed values of before).
+FALLBACK_RUNTIME_MIN = {"train": 240, "train_tuned": 240, "tune_trial": 240, "finetune": 60}
+#: Estimate from the calibration of this device only (as calibrations name it, e.g. "cuda: NVIDIA H100 80GB
+#: HBM3"); unset: the slowest calibrated device at the job's threads (a limit errs on the long side).
+COST_DEVICE_ENV = "FEDREPRO_COST_DEVICE"
+#: The longest limit MAX_RUNTIME_ENV may set: a year.
+MAX_RUNTIME_LIMIT = 525_600
 
 #: The tables `fedrepro tables` writes for every experiment (md, tex, csv, meta.json each).
 TABLES = ["accuracy", "accuracy_client_mean", "accuracy_client_std", "accuracy_worst10", "macro_f1"]
@@ -82,6 +103,73 @@ def untrained_warnings(exp: dict[str, Any]) -> list[str]:
     return lines
 
 
+def max_runtime(environ: dict[str, str] | None = None) -> int:
+    """The largest time limit in minutes: MAX_RUNTIME_ENV, else DEFAULT_MAX_RUNTIME_MIN (ConfigError if bad)."""
+    from .registry import ConfigError, show
+
+    raw = (os.environ if environ is None else environ).get(MAX_RUNTIME_ENV, "").strip()
+    if not raw:
+        return DEFAULT_MAX_RUNTIME_MIN
+    if not (raw.isascii() and raw.isdigit() and len(raw) <= 7 and 1 <= int(raw) <= MAX_RUNTIME_LIMIT):
+        raise ConfigError(f"environment variable {MAX_RUNTIME_ENV} has value {show(raw)}; allowed: a whole number of "
+                          f"minutes from 1 to {MAX_RUNTIME_LIMIT} (your partition's time limit)")
+    return int(raw)
+
+
+def runtime_minutes(estimate_s: float | None, fallback: int, cap: int, attempt: int = 1) -> int:
+    """A job's time limit in minutes: the estimate x RUNTIME_MARGIN + RUNTIME_FLOOR_MIN, times the
+    attempt, at most `cap`; `fallback` (at most `cap`) where there is no estimate."""
+    if estimate_s is None:
+        return min(fallback, cap)
+    return min(cap, math.ceil(estimate_s / 60 * RUNTIME_MARGIN + RUNTIME_FLOOR_MIN) * max(1, attempt))
+
+
+class RuntimeLimits:
+    """The training jobs' SLURM time limits from the cached calibrations (fedrepro.cost), read once
+    when the first limit is asked for: each job's estimate at its threads, on COST_DEVICE_ENV's
+    device or the slowest calibrated one."""
+
+    def __init__(self, exp: dict[str, Any], calibration_root: str | None = None, environ: dict[str, str] | None = None,
+                 shards_root: str | None = None):
+        self.exp = exp
+        self.root, self.shards_root = calibration_root, shards_root
+        self.environ = os.environ if environ is None else environ
+        self._loaded: tuple | None = None
+
+    def _state(self):
+        if self._loaded is None:
+            from .calibration import CALIBRATION_DIR, load_calibrations
+            from .cost import SHARDS_ROOT, Estimator
+
+            calibrations, _ = load_calibrations(self.root or CALIBRATION_DIR)  # an unreadable one is no estimate
+            device = self.environ.get(COST_DEVICE_ENV)
+            if device:
+                calibrations = [c for c in calibrations if c["device"] == device]
+            self._loaded = (calibrations, Estimator(self.exp, self.shards_root or SHARDS_ROOT), max_runtime(self.environ))
+        return self._loaded
+
+    def estimate(self, cell: dict[str, Any], threads: int) -> float | None:
+        """The cell's estimated seconds at `threads`, None without a calibration that has its model."""
+        from .cost import slowest_seconds
+
+        calibrations, estimator, _ = self._state()
+        work = estimator.work(cell)
+        at = [c for c in calibrations if c["threads"] == threads]
+        return None if work is None else slowest_seconds(work, at)
+
+    def minutes(self, rule: str, cell: dict[str, Any], threads: int, attempt: int = 1) -> int:
+        cap = self._state()[2]
+        return runtime_minutes(self.estimate(cell, threads), FALLBACK_RUNTIME_MIN[rule], cap, attempt)
+
+    def resource(self, rule: str, cell_of):
+        """The `runtime` resource of `rule`: a function of the job's wildcards, threads and attempt
+        (Snakemake passes them by name), `cell_of(wildcards)` its resolved cell."""
+        def runtime(wildcards, threads, attempt):
+            return self.minutes(rule, cell_of(wildcards), threads, attempt)
+
+        return runtime
+
+
 class WorkflowPlan:
     """The experiment's data, training and report jobs: their paths, specs and targets."""
 
@@ -101,6 +189,11 @@ class WorkflowPlan:
         self.landing = f"{self.out}/report/description.rst"
         # clients whose representations are laid out by t-SNE after training (evaluation.embed_clients)
         self.embed_clients = exp["cells"] and (exp["cells"][0]["evaluation"].get("embed_clients") or [])
+        self.limits = RuntimeLimits(exp)
+
+    def runtime(self, rule: str):
+        """The SLURM time limit of a training or fine-tuning job of `rule` (RuntimeLimits)."""
+        return self.limits.resource(rule, lambda wildcards: self.cells[wildcard_key(wildcards)])
 
     # -- data -------------------------------------------------------------------------------
     def raw_marker(self, dataset: str) -> str:
@@ -200,6 +293,12 @@ class TuningPlan:
         self.tuning = exp["tuning"] or {"labels": {}}
         self.cells = {(c["dataset"], c["partition"], c["label"], c["trial"], str(c["seed"])): c for c in exp["tuning_cells"]}
         self.tuned_labels = sorted({c["label"] for c in exp["cells"] if c.get("tuned")})
+        self.limits = RuntimeLimits(exp)
+
+    def runtime(self, rule: str):
+        """The SLURM time limit of a tuning trial (RuntimeLimits)."""
+        key = lambda w: (w.dataset, w.partition, w.label, w.trial, w.seed)
+        return self.limits.resource(rule, lambda wildcards: self.cells[key(wildcards)])
 
     def selection_json(self, dataset: str, partition: str, label: str) -> str:
         return f"{self.out}/tuning/{dataset}/{partition}/{label}.json"

@@ -49,7 +49,7 @@ rule train:
         gpu=1,  # SLURM: GPUs of the submitted job (--gpus); the slurm-packed profile packs cells on one
         gpu_slots=1,  # locally: one of the profile's `gpu_slots` (cells training at once on the GPUs)
         mem_mb=16000,
-        runtime=240,
+        runtime=PLAN.runtime("train"),  # SLURM -t: the cell's estimate x a margin, bounded (docs/cost.md)
     message:
         "training cell {wildcards.dataset}/{wildcards.partition}/{wildcards.label}/seed{wildcards.seed}"
     shell:
@@ -87,7 +87,7 @@ rule finetune:
         gpu=1,
         gpu_slots=1,
         mem_mb=16000,
-        runtime=60,
+        runtime=PLAN.runtime("finetune"),
     message:
         "fine-tuning row {wildcards.dataset}/{wildcards.partition}/{wildcards.label}/seed{wildcards.seed} from its base cell"
     shell:

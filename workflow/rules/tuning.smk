@@ -31,7 +31,7 @@ rule tune_trial:
         gpu=1,
         gpu_slots=1,  # locally: one of the profile's `gpu_slots`, as a training cell
         mem_mb=16000,
-        runtime=240,
+        runtime=TUNING.runtime("tune_trial"),
     message:
         "tuning trial {wildcards.dataset}/{wildcards.partition}/{wildcards.label}/{wildcards.trial}/seed{wildcards.seed}"
     shell:
@@ -128,7 +128,7 @@ if TUNING.tuned_labels:
             gpu=1,
             gpu_slots=1,  # locally: one of the profile's `gpu_slots`, as a training cell
             mem_mb=16000,
-            runtime=240,
+            runtime=PLAN.runtime("train_tuned"),
         message:
             "training tuned cell {wildcards.dataset}/{wildcards.partition}/{wildcards.label}/seed{wildcards.seed}"
         shell:

@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from ..registry import ConfigError, Param
-from .base import Params, Update
+from .base import FORWARD_SHARE, Params, Passes, Update
 from .fedavg import FedAvg
 
 LOSS_FLOOR = 1e-10  # q-FedAvg's `loss + 1e-10`: log L and L^(q-1) stay finite for a perfectly fitted client
@@ -218,6 +218,11 @@ def qfedavg_step(w: Params, updates: list[Update], losses: Sequence[float], q: f
 class LossWeighted(FedAvg):
     """FedAvg whose clients also report their loss F_k (Update.extras["loss"]) and whose
     server sets theta <- sum_k w_k theta_k with weights from `aggregation_weights`."""
+
+    @classmethod
+    def cost_passes_for(cls, hp, training):
+        # loss_at 'start': F_k(w^t), a forward over the train split, before the local epochs
+        return Passes(1 + (FORWARD_SHARE / training["local_epochs"] if hp.get("loss_at") == "start" else 0.0))
 
     def local_update(self, client, payload):
         start = global_loss(self.engine, client, payload) if self.hp["loss_at"] == "start" else None

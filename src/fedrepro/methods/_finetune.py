@@ -13,7 +13,7 @@ calibre.ft_momentum in config/papers/published/readings/calibre.yaml).
 from __future__ import annotations
 
 from ..registry import Param
-from .base import Method
+from .base import Method, PersonalWork
 
 FINETUNE_HPARAMS = {
     "ft_epochs": Param(10, "head fine-tuning epochs on the client's train split (Calibre recipe)", int, minimum=0),
@@ -33,6 +33,11 @@ def finetuned_personal_params(method: Method, params: dict, client) -> dict:
     return {**params, **head}
 
 
+def finetune_work(hp: dict) -> PersonalWork:
+    """The work of `finetuned_personal_params` per client: the ft_* epochs of head steps on frozen features."""
+    return PersonalWork(head_epochs=hp["ft_epochs"], head_batch_size=hp["ft_batch_size"])
+
+
 def with_head_finetuning(base: type[Method], name: str, summary: str, paper: str) -> type[Method]:
     """A subclass of `base` named `name` whose personalized model is a fine-tuned head."""
 
@@ -47,6 +52,7 @@ def with_head_finetuning(base: type[Method], name: str, summary: str, paper: str
         "has_personal": True,
         "vectorized": base.__dict__.get("vectorized", False),  # fine-tuning changes evaluation, not the local update
         "personal_params": personal_params,
+        "cost_personal_for": classmethod(lambda cls, hp, training: finetune_work(hp)),
         "finetune_base": base,  # a derived fine-tuning row re-scores `base`'s final model (engine/finetune.py)
         "__doc__": f"{base.__name__} followed by per-client head fine-tuning.",
         "__module__": base.__module__,

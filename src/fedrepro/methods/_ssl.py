@@ -24,8 +24,8 @@ import torch
 
 from ..registry import Param
 from ..ssl.objectives import OBJECTIVES, Objective
-from ._finetune import FINETUNE_HPARAMS, finetuned_personal_params
-from .base import Method, Update
+from ._finetune import FINETUNE_HPARAMS, finetune_work, finetuned_personal_params
+from .base import FORWARD_SHARE, Method, Passes, Update
 
 SSL_HPARAMS: dict[str, Param] = {
     "temperature": Param(0.2, "temperature of NT-Xent (SimCLR, Calibre's l_s: Calibre config loss_criterion.temperature), MoCo v2's "
@@ -57,6 +57,16 @@ class FederatedSSL(Method):
     hparams = SSL_HPARAMS
     has_global = False  # the global model is an encoder: every client is scored through its probe
     has_personal = True
+
+    @classmethod
+    def cost_passes_for(cls, hp, training):
+        # two augmented views, a step each, and the target network's forwards (BYOL, MoCo v2, SMoG)
+        target = OBJECTIVES.get(hp.get("objective", cls.objective)).target_views
+        return Passes(2 + target * FORWARD_SHARE)
+
+    @classmethod
+    def cost_personal_for(cls, hp, training):
+        return finetune_work(hp)  # the linear probe
 
     def __init__(self, engine, hp):
         super().__init__(engine, hp)

@@ -61,6 +61,7 @@ class APFL(FedAvg):
                            float, minimum=0),
     }
     has_personal = True
+    cost_passes = 2.0  # w and the mixture vbar: a forward and a backward each per batch
     _mixed: torch.nn.Module | None = None  # the second model object holding vbar (made at the first local update)
 
     def local_update(self, client, payload):

@@ -31,6 +31,7 @@ train the one shared model object with parameters swapped in.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
@@ -41,6 +42,33 @@ import torch
 from ..federation import (Batch, Client, ClientFit, Engine, FitResult, Params, TrainingDiverged, Update,  # noqa: F401
                           payload_bytes, select, weighted_average)
 from ..registry import Param
+
+#: What a forward pass alone (no gradient: a frozen reference network, features for prototypes or a
+#: probe) costs against one training step on the same batch (forward + backward + update): the
+#: backward costs about two forwards. The unit of the declared costs below (fedrepro.cost).
+FORWARD_SHARE = 1 / 3
+
+
+@dataclass(frozen=True)
+class Passes:
+    """The work of one local step (one mini-batch of the client's local epochs), in calibrated units:
+    `model` training steps of the whole model at the cell's batch size, `head` steps of the head alone
+    on cached features (fedrepro.cost times each from the calibration)."""
+
+    model: float = 1.0
+    head: float = 0.0
+
+
+@dataclass(frozen=True)
+class PersonalWork:
+    """The work of making one client's personalized model at an evaluation, beyond scoring it:
+    `train_epochs` epochs of whole-model training on its train split (at the cell's batch size), and
+    `head_epochs` epochs of head steps of `head_batch_size` on its frozen features (one forward over
+    the split, then the head's steps: engine.finetune_head)."""
+
+    train_epochs: float = 0.0
+    head_epochs: float = 0.0
+    head_batch_size: int = 32
 
 
 class Method:
@@ -59,6 +87,20 @@ class Method:
     # The class's own local update may run as one vectorized round (engine/vectorized.py). Read from
     # the class's own namespace: a subclass that changes the local update must opt in again.
     vectorized: ClassVar[bool] = False
+    # Cost (fedrepro.cost, docs/cost.md): training steps of the whole model per local step. A method that
+    # does more per batch declares more (Ditto's second model, SAM's second gradient); one whose work
+    # depends on its hyper-parameters overrides `cost_passes_for` (and `cost_personal_for`).
+    cost_passes: ClassVar[float] = 1.0
+
+    @classmethod
+    def cost_passes_for(cls, hp: dict[str, Any], training: dict[str, Any]) -> Passes:
+        """The work of one local step under hyper-parameters `hp` and the resolved `training`."""
+        return Passes(cls.cost_passes)
+
+    @classmethod
+    def cost_personal_for(cls, hp: dict[str, Any], training: dict[str, Any]) -> PersonalWork:
+        """The work of one client's personalized model at an evaluation (none: it is kept, not made)."""
+        return PersonalWork()
 
     @classmethod
     def has_vectorized_update(cls) -> bool:

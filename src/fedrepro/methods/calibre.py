@@ -63,7 +63,7 @@ from ..registry import Param
 from ..ssl.objectives import OBJECTIVES, kmeans
 from . import register
 from ._ssl import SSL_HPARAMS, FederatedSSL
-from .base import Update, weighted_average
+from .base import FORWARD_SHARE, Passes, Update, weighted_average
 
 
 def _cluster_means(x: torch.Tensor, labels: torch.Tensor, clusters: torch.Tensor) -> torch.Tensor:
@@ -179,6 +179,12 @@ class Calibre(FederatedSSL):
                                                          "prototype is 'the average of encodings assigned to this group' "
                                                          "(§IV-B), the raw centroid (methods.md §2.3)", bool),
     }
+
+    @classmethod
+    def cost_passes_for(cls, hp, training):
+        # the objective's views, and one forward over the train split for the divergence rate after
+        # training; the per-batch KMeans (scikit-learn, on the CPU) is not modelled
+        return Passes(super().cost_passes_for(hp, training).model + FORWARD_SHARE / training["local_epochs"])
 
     def __init__(self, engine, hp):
         super().__init__(engine, hp)

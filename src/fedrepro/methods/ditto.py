@@ -17,6 +17,7 @@ from __future__ import annotations
 from . import register
 from ..registry import Param
 from ._helpers import proximal_hook
+from .base import Passes
 from .fedavg import FedAvg
 
 
@@ -35,6 +36,11 @@ class Ditto(FedAvg):
     }
     has_personal = True
     vectorized = True
+
+    @classmethod
+    def cost_passes_for(cls, hp, training):
+        # the personal model's epochs beside the global model's local epochs, batch for batch
+        return Passes(1 + hp["personal_epochs"] / training["local_epochs"])
 
     def local_updates(self, clients, payloads):
         self.train_personal(clients, payloads[0])  # step 1 (the anchor w^t: the broadcast, the same for all)

@@ -45,7 +45,7 @@ import torch.nn.functional as F
 from torch.func import functional_call
 
 from . import register
-from .base import Params, Update
+from .base import Params, Passes, Update
 from .fedavg import FedAvg
 from ..registry import Param
 
@@ -88,6 +88,12 @@ class FedALA(FedAvg):
     }
     has_global = True
     has_personal = True
+
+    @classmethod
+    def cost_passes_for(cls, hp, training):
+        # one ALA epoch a round over rand_percent of the train split (forward and backward to W); the start
+        # phase (up to max_start_epochs at a client's first ALA) is not modelled
+        return Passes(1 + hp["rand_percent"] / 100 / training["local_epochs"])
 
     def setup(self):
         super().setup()

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from ..registry import Param
 from . import register
+from .base import PersonalWork
 from .fedavg import FedAvg
 
 
@@ -44,6 +45,12 @@ class FedBABU(FedAvg):
         "head_momentum": Param(0.9, "SGD momentum of the head-only fine-tuning (finetune_part 'head'); [RECON] from "
                                     "Calibre's paper-era config (methods.md §2.5), as fedavg_ft's ft_momentum", float, minimum=0),
     }
+
+    @classmethod
+    def cost_personal_for(cls, hp, training):
+        if hp["finetune_part"] == "head":
+            return PersonalWork(head_epochs=hp["finetune_epochs"], head_batch_size=hp["head_batch_size"])
+        return PersonalWork(train_epochs=hp["finetune_epochs"])  # the whole model, every evaluation
 
     def start_params(self, client, payload):
         # Full parameters: the model object may still hold a fine-tuned head from evaluation.

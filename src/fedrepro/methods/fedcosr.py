@@ -53,7 +53,7 @@ import torch.nn.functional as F
 from ..registry import Param
 from . import register
 from ._prototypes import aggregate_prototypes, dense, empty_prototypes, known_prototypes, local_prototypes
-from .base import Method, Params, Update, select, weighted_average
+from .base import FORWARD_SHARE, Method, Params, Passes, Update, select, weighted_average
 
 
 def info_nce(z: torch.Tensor, y: torch.Tensor, centroids: torch.Tensor, present: torch.Tensor,
@@ -118,6 +118,12 @@ class FedCoSR(Method):
     shared = ("extractor.",)
     has_global = False
     has_personal = True
+
+    @classmethod
+    def cost_passes_for(cls, hp, training):
+        # centroids 'eval': one forward over the train split after training (the InfoNCE on the batch's own
+        # features against C centroids is small)
+        return Passes(1 + (FORWARD_SHARE / training["local_epochs"] if hp["centroids"] == "eval" else 0.0))
 
     def __init__(self, engine, hp):
         super().__init__(engine, hp)

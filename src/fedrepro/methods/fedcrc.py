@@ -37,7 +37,7 @@ from torch.func import functional_call
 
 from ..registry import Param
 from . import register
-from .base import Method, Params, Update, select, weighted_average
+from .base import FORWARD_SHARE, Method, Params, Passes, Update, select, weighted_average
 
 EPOCHS = (int, type(None))
 
@@ -88,6 +88,18 @@ class FedCRC(Method):
                                         "literally (the weights then sum to about the sampled fraction)",
                              str, choices=("sampled", "all_clients")),
     }
+
+    @classmethod
+    def cost_passes_for(cls, hp, training):
+        # per local epoch: the extractor's epochs, then the two heads' epochs, on cached features (a forward
+        # over the train split, then head steps) or through the frozen extractor (a forward a batch)
+        epochs = training["local_epochs"]
+        ext, local, glob = (epochs if hp[k] is None else hp[k] for k in ("extractor_epochs", "local_head_epochs",
+                                                                          "global_head_epochs"))
+        heads = local + glob
+        if hp["cache_features"]:
+            return Passes((ext + FORWARD_SHARE) / epochs, head=heads / epochs)
+        return Passes((ext + heads * FORWARD_SHARE) / epochs)
 
     def setup(self):
         super().setup()

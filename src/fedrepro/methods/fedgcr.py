@@ -74,7 +74,7 @@ from . import register
 from ._fair import LOSS_AT, LossWeighted, global_loss, mix
 from ._fedgr import (BETA_SCHEDULES, COVARIANCE_PARAM, GROUP_LOSSES, beta_at, class_balanced_mean, cluster_clients, cluster_purity,
                      fedgr_weights)
-from .base import TrainingDiverged, Update, select
+from .base import FORWARD_SHARE, Passes, TrainingDiverged, Update, select
 from .moon import model_contrastive_loss
 
 MESSAGE = "fedgcr/"  # payload entries that are not model parameters (cluster centres, cluster id)
@@ -166,6 +166,14 @@ class FedGCR(LossWeighted):
     }
 
     models = ("prompted_vit",)
+
+    @classmethod
+    def cost_passes_for(cls, hp, training):
+        # per batch: the prompt-free CLS forward r, and with group customization the received and the previous
+        # model's z (forwards); per round: h~ over the train split, and F_k(w^t) with loss_at 'start'
+        batch = 1 + FORWARD_SHARE * (1 + (2 if hp["group_customization"] else 0))
+        rounds = FORWARD_SHARE * (1 + (hp["loss_at"] == "start")) / training["local_epochs"]
+        return Passes(batch + rounds)
 
     @classmethod
     def check_cell(cls, where, hp, model, partition):

@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from ..registry import Param
 from . import register
 from ._prototypes import local_prototypes, require_linear_head
-from .base import Method, Params, Update
+from .base import FORWARD_SHARE, Method, Params, Passes, Update
 
 
 def train_head(head: Params, protos: torch.Tensor, labels: torch.Tensor, *, lr: float, epochs: int, batch_size: int,
@@ -72,6 +72,11 @@ class FedGH(Method):
     shared = ("head.",)  # the global head comes down; prototypes (not parameters) go up
     has_global = False
     has_personal = True
+
+    @classmethod
+    def cost_passes_for(cls, hp, training):
+        # after the local epochs, one forward over the train split for the uploaded prototypes
+        return Passes(1 + FORWARD_SHARE / training["local_epochs"])
 
     def setup(self):
         require_linear_head(self.engine, self.name)

@@ -64,6 +64,7 @@ class FedMix(FedAvg):
         "mean_batch": Param(5, "[RECON] samples averaged into one shared mean (image, label)", int, minimum=1,
                             maximum=100_000),
     }
+    cost_passes = 2.0  # about: a second backward through the input gradient (double backward) after round 1
 
     def local_update(self, client, payload):
         engine = self.engine

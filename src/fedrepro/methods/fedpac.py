@@ -47,7 +47,7 @@ from . import register
 from ._helpers import class_prototypes
 from ._prototypes import (aggregate_prototypes, alignment_loss, empty_prototypes, known_prototypes, local_prototypes,
                           weighting_param)
-from .base import Method, Update, select, weighted_average
+from .base import FORWARD_SHARE, Method, Passes, Update, select, weighted_average
 
 ALPHA_EPS = 1e-3  # combination weights at or below this are zeroed (official code and PFLlib: eps = 1e-3)
 
@@ -112,6 +112,12 @@ class FedPAC(Method):
     shared = ("",)  # the extractor and the heads go up; the extractor and each client's combined head come down
     has_global = True  # the average of the personalized models (module docstring)
     has_personal = True
+
+    @classmethod
+    def cost_passes_for(cls, hp, training):
+        # head epochs through the frozen extractor (a forward each: the backward stops at the head), and
+        # two forwards over the train split (statistics before, prototypes after), beside the local epochs
+        return Passes(1 + (hp["head_epochs"] + 2) * FORWARD_SHARE / training["local_epochs"])
 
     def setup(self):
         super().setup()  # server["global"]: extractor = the global one; its head is unused

@@ -36,7 +36,7 @@ from ..registry import Param
 from . import register
 from ._prototypes import (aggregate_prototypes, alignment_loss, empty_prototypes, keep_missing, known_prototypes,
                           local_prototypes, nearest_prototype_head, require_linear_head, weighting_param)
-from .base import Method, Update
+from .base import FORWARD_SHARE, Method, Passes, Update
 
 
 @register
@@ -55,6 +55,11 @@ class FedProto(Method):
     shared = ()  # no parameters travel: prototypes only
     has_global = False
     has_personal = True
+
+    @classmethod
+    def cost_passes_for(cls, hp, training):
+        # after the local epochs, one forward over the train split for the uploaded prototypes
+        return Passes(1 + FORWARD_SHARE / training["local_epochs"])
 
     def setup(self):
         require_linear_head(self.engine, self.name)

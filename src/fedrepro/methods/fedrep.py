@@ -24,6 +24,7 @@ from __future__ import annotations
 from ..registry import Param
 from . import register
 from ._partial import PartialSharing
+from .base import FORWARD_SHARE, Passes
 
 
 @register
@@ -40,6 +41,13 @@ class FedRep(PartialSharing):
     }
 
     vectorized = True
+
+    @classmethod
+    def cost_passes_for(cls, hp, training):
+        # head epochs on the frozen extractor cost a forward a batch, body epochs a step; per local epoch
+        epochs = training["local_epochs"]
+        body = epochs if hp["body_epochs"] is None else hp["body_epochs"]
+        return Passes((hp["head_epochs"] * FORWARD_SHARE + body) / epochs)
 
     def train(self, clients, starts):
         heads = self.engine.fit_many(clients, starts, epochs=self.hp["head_epochs"], trainable=("head.",))

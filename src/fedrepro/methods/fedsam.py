@@ -25,6 +25,7 @@ class FedSAM(FedAvg):
     hparams = {
         "rho": Param(0.05, "SAM's neighbourhood radius rho (fedgcr code and the FedSAM paper: 0.05)", float, minimum=0),
     }
+    cost_passes = 2.0  # the gradient at w and again at the perturbed w + e: two steps a batch
 
     def local_update(self, client, payload):
         self.engine.set_params(payload)

@@ -63,7 +63,7 @@ from ..io import derive_seed
 from ..registry import Param
 from . import register
 from ._fair import LIPSCHITZ, check_lipschitz, global_loss, lipschitz, loss_std, mix, power_weights, qfedavg_step
-from .base import Method, Update, select
+from .base import FORWARD_SHARE, Method, Passes, Update, select
 
 
 def make_discriminator(feature_dim: int, hidden: int) -> nn.Module:
@@ -175,6 +175,13 @@ class GRPFed(Method):
     shared = ("",)
     has_global = True
     has_personal = True
+
+    @classmethod
+    def cost_passes_for(cls, hp, training):
+        # a step of the global model and one of the local extractor per batch (the discriminator, a small
+        # FC on detached features, is left out); 'start': a forward over the train split first
+        start = FORWARD_SHARE / training["local_epochs"] if hp["loss_at"] == "start" else 0.0
+        return Passes(2 + start)
 
     # -- server ---------------------------------------------------------------------
     def setup(self):

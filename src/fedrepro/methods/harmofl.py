@@ -47,6 +47,7 @@ class HarmoFL(FedAvg):
                                  "code's copy); 'spectrum' = its whole amplitude spectrum",
                            str, choices=AMPLITUDE_SCOPES),
     }
+    cost_passes = 2.0  # the gradient at w and again at the perturbed w + e: two steps a batch
 
     models = ("prompted_vit",)
 

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 from ..registry import ConfigError, Param
 from . import register
-from .base import Method, Update
+from .base import Method, PersonalWork, Update
 
 
 @register
@@ -29,6 +29,13 @@ class LocalLinear(Method):
     has_global = False
     has_personal = True
     models = ("mlp",)
+    cost_passes = 0.0  # nothing trains during the rounds: the classifier is fit when it is scored
+
+    @classmethod
+    def cost_personal_for(cls, hp, training):
+        # epochs: null trains to convergence, at most max_epochs: the bound is what is estimated
+        epochs = hp["epochs"] if hp["epochs"] is not None else hp["max_epochs"]
+        return PersonalWork(head_epochs=epochs, head_batch_size=hp["batch_size"])
     hparams = {
         "epochs": Param(10, "training epochs (Calibre's personalization recipe); null = to convergence", (int, type(None)), minimum=1),
         "lr": Param(0.05, "SGD learning rate (Calibre's personalization recipe)", float, exclusive_minimum=0),

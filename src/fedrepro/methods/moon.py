@@ -30,7 +30,7 @@ import torch.nn.functional as F
 
 from ..registry import Param
 from . import register
-from .base import select
+from .base import FORWARD_SHARE, select
 from .fedavg import FedAvg
 
 _ZERO_NORM = 1e-8
@@ -62,6 +62,7 @@ class Moon(FedAvg):
         "tau": Param(0.5, "temperature of the contrastive loss (MOON paper, FL-bench; PFLlib default 1.0; methods.md §6)",
                      float, exclusive_minimum=0),
     }
+    cost_passes = 1 + 2 * FORWARD_SHARE  # the global and the previous representation of every batch: forwards
 
     def fit_options(self, client, payload):
         glob = select(payload, ("extractor.",))

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 
 from . import register
 from ..registry import Param
-from .base import Update, weighted_average
+from .base import Passes, Update, weighted_average
 from .fedavg import FedAvg
 
 
@@ -84,6 +84,10 @@ class PFedMe(FedAvg):
                            "(n_i-weighted, the reference code, PFLlib, FL-bench)", str, choices=("uniform", "samples")),
     }
     has_personal = True
+
+    @classmethod
+    def cost_passes_for(cls, hp, training):
+        return Passes(hp["K"])  # K forward-backward passes of theta~ per mini-batch (w's step is elementwise)
 
     def local_update(self, client, payload):
         engine, model = self.engine, self.engine.model

@@ -57,6 +57,7 @@ class Objective:
     paper: ClassVar[str] = ""
     momentum: ClassVar[float | None] = None  # default target momentum (objectives with a target network)
     momentum_schedule: ClassVar[str] = "constant"  # or "cosine" (to 1 over training)
+    target_views: ClassVar[int] = 0  # views the target network encodes per batch (forwards without gradient: cost)
 
     def __init__(self, feature_dim: int, hp: dict[str, Any]):
         self.feature_dim, self.hp = feature_dim, hp
@@ -165,6 +166,7 @@ class BYOL(Objective):
     momentum 0.996 -> 1 on a cosine (BYOL paper; FedEMA's config, methods.md §6)."""
 
     name, paper = "byol", "Grill et al., NeurIPS 2020"
+    target_views = 2
     momentum, momentum_schedule = 0.996, "cosine"
 
     def __init__(self, feature_dim, hp):
@@ -227,6 +229,7 @@ class MoCoV2(Objective):
     client-local state: it holds keys of the client's own data (its length `queue_size` [RECON])."""
 
     name, paper = "mocov2", "Chen et al., arXiv:2003.04297 (2020)"
+    target_views = 2
     momentum = 0.99
 
     def __init__(self, feature_dim, hp):
@@ -293,6 +296,7 @@ class SMoG(Objective):
     The views swap roles every second step, as there. The memory bank is client-local state."""
 
     name, paper = "smog", "Pang et al., ECCV 2022"
+    target_views = 1
     momentum = 0.99
 
     def __init__(self, feature_dim, hp):

@@ -1,0 +1,251 @@
+"""The cost model (fedrepro.cost), the calibration cache (fedrepro.calibration), what validate and
+`cells --cost` print, and the SLURM time limits from the estimates (fedrepro.planning.RuntimeLimits)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+from types import SimpleNamespace
+
+import pytest
+import yaml
+
+from conftest import REPO, tiny_config
+from fedrepro import calibration, cost, planning
+from fedrepro.cli import main
+from fedrepro.config import resolve_experiment
+from fedrepro.methods import METHODS
+from fedrepro.registry import ConfigError
+
+
+def cell_of(exp: dict, label: str) -> dict:
+    return next(c for c in exp["cells"] if c["label"] == label)
+
+
+def work(tmp_path, label: str = "fedavg", methods: dict | None = None, **training) -> cost.Work:
+    """The work of `label`'s cell of tiny_config with `training`, clients sized by the dataset's count
+    (no shards under tmp_path)."""
+    config = tiny_config(**training)
+    if methods is not None:
+        config["methods"] = methods
+    exp = resolve_experiment(config)
+    return cost.Estimator(exp, shards_root=tmp_path).work(cell_of(exp, label))
+
+
+def fake_calibration(root, spec: calibration.ModelSpec, threads: int = 1, device: str = "cpu: test",
+                     train: float = 1.0, forward: float = 1e-3, head: float = 1e-2, startup: float = 5.0) -> dict:
+    path = calibration.calibration_path(device, threads, "9.9", root)
+    header = {"device": device, "threads": threads, "torch": "9.9", "startup_s": startup}
+    return calibration.save_entry(path, header, spec.key, {"train_step_s": train, "forward_sample_s": forward,
+                                                           "head_step_s": head})
+
+
+# -- the estimate grows as it must ---------------------------------------------------------------------
+
+def test_training_work_grows_with_rounds_participation_epochs_and_shrinks_with_the_batch(tmp_path):
+    base = work(tmp_path, rounds=2, eval_every=1)
+    assert base.train_steps > 0 and not base.derived
+    assert work(tmp_path, rounds=4, eval_every=1).train_steps == 2 * base.train_steps  # full participation: exact
+    assert work(tmp_path, rounds=2, eval_every=1, local_epochs=3).train_steps == 3 * base.train_steps
+    half = work(tmp_path, rounds=2, eval_every=1, participation=0.5)  # 2 of the 4 equal clients a round
+    assert half.train_steps == base.train_steps / 2
+    bigger = work(tmp_path, rounds=2, eval_every=1, batch_size=64)
+    assert bigger.train_steps < base.train_steps
+    assert bigger.spec.batch_size == 64 and bigger.spec.key != base.spec.key  # timed at its own batch size
+    # evaluation: every eval_every rounds over the test and validation splits
+    assert work(tmp_path, rounds=4, eval_every=1).forward_samples == 2 * work(tmp_path, rounds=4, eval_every=2).forward_samples
+
+
+def test_a_methods_declared_passes_enter_the_estimate(tmp_path, monkeypatch):
+    methods = {"fedavg": {}, "ditto": {}, "pfedme": {"hparams": {"K": 3}}, "fedrep": {"hparams": {"head_epochs": 3}}}
+    fedavg, ditto, pfedme, fedrep = (work(tmp_path, m, methods) for m in methods)
+    assert ditto.train_steps == 2 * fedavg.train_steps  # personal epochs beside the local ones
+    assert pfedme.train_steps == 3 * fedavg.train_steps  # K inner steps a batch
+    assert fedrep.train_steps == pytest.approx(2 * fedavg.train_steps)  # 3 head epochs at a forward each + 1 body epoch
+    monkeypatch.setattr(METHODS.get("fedavg"), "cost_passes", 3.0)  # the declared attribute is what is read
+    assert work(tmp_path, "fedavg", methods).train_steps == 3 * fedavg.train_steps
+
+
+def test_every_method_declares_a_cost_under_its_defaults():
+    training = {"local_epochs": 2, "rounds": 10}
+    for entry in METHODS:
+        hp = {k: p.default for k, p in entry.params.items()}
+        passes, personal = entry.obj.cost_passes_for(hp, training), entry.obj.cost_personal_for(hp, training)
+        assert passes.model >= 0 and passes.head >= 0 and personal.train_epochs >= 0 and personal.head_epochs >= 0, entry.name
+
+
+def test_personalization_and_derived_rows(tmp_path):
+    every_round = work(tmp_path, "fedavg_ft", rounds=2, eval_every=1)
+    plain = work(tmp_path, "fedavg", rounds=2, eval_every=1)
+    assert every_round.head_steps > 0 and plain.head_steps == 0  # the head fine-tuning of each personal scoring
+    assert every_round.train_steps == plain.train_steps and not every_round.derived
+    # scored only after the last round: a row derived from fedavg's final model, its scoring alone
+    derived = work(tmp_path, "fedavg_ft", rounds=2, eval_every=1, personal_eval_every=2)
+    assert derived.derived and derived.train_steps == 0 and 0 < derived.head_steps < every_round.head_steps
+
+
+def test_seconds_follow_the_calibration_and_the_manifest_sizes(tiny_partition, tmp_path):
+    shards, exp = tiny_partition
+    cell = cell_of(exp, "fedavg")
+    from_manifest = cost.Estimator(exp, shards_root=shards.parent.parent).sizes  # results/shards/<dataset>/<id>
+    (tmp_path / "digits").mkdir()
+    os.symlink(shards, tmp_path / "digits" / shards.name)
+    sizes = cost.Estimator(exp, shards_root=tmp_path).sizes("digits", "dir")
+    assert sizes.source == "manifest" and len(sizes.clients) == 4
+    assert from_manifest("digits", "dir").source == "estimate"  # no <dataset> folder level there
+    w = cost.Estimator(exp, shards_root=tmp_path).work(cell)
+    cal = fake_calibration(tmp_path / "cal", w.spec, train=0.5, forward=0.01, head=0.1, startup=2.0)
+    assert w.seconds(cal) == pytest.approx(2.0 + 0.5 * w.train_steps + 0.1 * w.head_steps + 0.01 * w.forward_samples)
+    assert w.seconds({**cal, "models": {}}) is None  # a model the calibration lacks: no estimate
+    assert cost.wall_seconds([3, 3, 2, 2], 2) == 5 and cost.wall_seconds([3, 3, 2, 2], 1) == 10
+
+
+# -- calibrate, validate, cells --cost -----------------------------------------------------------------
+
+@pytest.fixture
+def quick(monkeypatch, tmp_path):
+    """A fresh working folder (results/ under it) and a fast calibration: little timing, a fixed start-up."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(calibration, "BUDGET_S", 0.05)
+    monkeypatch.setattr(calibration, "measure_startup", lambda device, threads: 1.5)
+    path = tmp_path / "tiny.yaml"
+    path.write_text(yaml.safe_dump(tiny_config()))
+    return path
+
+
+def test_validate_says_how_to_calibrate_and_never_measures(quick, tmp_path, capsys):
+    assert main(["validate", str(quick)]) == 0
+    out = capsys.readouterr().out
+    assert "no calibration for this machine" in out and "run `fedrepro calibrate CONFIG`" in out
+    assert not (tmp_path / "results").exists()  # validate measured nothing and wrote nothing
+
+
+def test_calibrate_caches_per_device_threads_and_torch_and_validate_prints_the_estimate(quick, tmp_path, capsys):
+    from fedrepro.local_plan import machine_plan
+
+    assert main(["calibrate", str(quick), "--device", "cpu"]) == 0
+    threads = machine_plan().threads  # the cells' threads by default: the local profile's
+    device = f"cpu: {calibration.cpu_name()}"
+    path = calibration.calibration_path(device, threads, calibration.torch_version())
+    data = json.loads(path.read_text())
+    assert (data["device"], data["threads"], data["torch"], data["startup_s"]) == (device, threads,
+                                                                                   calibration.torch_version(), 1.5)
+    exp = resolve_experiment(tiny_config())
+    key = calibration.model_spec(cell_of(exp, "fedavg"), exp["datasets"]).key
+    assert list(data["models"]) == [key]  # one model, input, classes and batch for the whole experiment
+    entry = data["models"][key]
+    assert all(entry[k] > 0 for k in ("train_step_s", "forward_sample_s", "head_step_s"))
+    capsys.readouterr()
+
+    assert main(["calibrate", str(quick), "--device", "cpu"]) == 0  # cached: not measured again
+    assert "cached" in capsys.readouterr().err and json.loads(path.read_text())["models"][key] == entry
+
+    assert main(["validate", str(quick)]) == 0
+    line = next(l for l in capsys.readouterr().out.splitlines() if ": cost on " in l)
+    assert f"cost on {device} ({threads} threads" in line and "3 job(s)" in line and "in all, longest" in line
+    assert "wall time here with the local profile" in line
+
+    assert main(["cells", str(quick), "--cost"]) == 0
+    rows = [r.split("\t") for r in capsys.readouterr().out.splitlines()]
+    assert len(rows) == 3 and all(len(r) == 2 and re.fullmatch(r"\d+(\.\d)? (s|min|h|days)", r[1]) for r in rows), rows
+
+
+def test_cells_cost_says_uncalibrated_without_a_calibration(quick, capsys):
+    assert main(["cells", str(quick), "--cost"]) == 0
+    captured = capsys.readouterr()
+    assert all("\tuncalibrated (" in r for r in captured.out.splitlines()) and "fedrepro calibrate" in captured.err
+
+
+def test_a_damaged_calibration_file_is_named_not_used(quick, tmp_path, capsys):
+    root = tmp_path / calibration.CALIBRATION_DIR
+    root.mkdir(parents=True)
+    (root / "broken.json").write_text('{"format": "fedrepro-calibration/1", "device": 3}')
+    assert main(["validate", str(quick)]) == 0
+    out = capsys.readouterr().out
+    assert "warning: calibration file" in out and "key 'device' has value 3" in out and "no calibration" in out
+
+
+# -- SLURM time limits ---------------------------------------------------------------------------------
+
+def limits_setup(tmp_path, train_step_s: float, environ: dict | None = None, **training):
+    config = tiny_config(rounds=20, **training)
+    config["methods"] = {"fedavg": {}, "ditto": {}}
+    exp = resolve_experiment(config)
+    spec = calibration.model_spec(exp["cells"][0], exp["datasets"])
+    fake_calibration(tmp_path / "cal", spec, threads=1, train=train_step_s)
+    return exp, planning.RuntimeLimits(exp, calibration_root=tmp_path / "cal", environ=environ or {}, shards_root=tmp_path)
+
+
+def test_time_limits_follow_the_estimates_within_the_floor_and_the_cap(tmp_path):
+    exp, limits = limits_setup(tmp_path, train_step_s=0.5)
+    fedavg, ditto = cell_of(exp, "fedavg"), cell_of(exp, "ditto")
+    for cell in (fedavg, ditto):
+        est = limits.estimate(cell, threads=1)
+        assert limits.minutes("train", cell, 1) == math.ceil(est / 60 * planning.RUNTIME_MARGIN + planning.RUNTIME_FLOOR_MIN)
+    assert limits.minutes("train", ditto, 1) > limits.minutes("train", fedavg, 1)  # differ by cell, as the estimates
+    assert limits.minutes("train", fedavg, 1, attempt=2) == 2 * limits.minutes("train", fedavg, 1)
+    # no calibration at the job's threads: the fixed limits of before
+    assert limits.minutes("train", fedavg, threads=8) == 240 and limits.minutes("finetune", fedavg, threads=8) == 60
+
+    _, tiny = limits_setup(tmp_path / "a", train_step_s=1e-6)
+    assert tiny.minutes("train", fedavg, 1) == planning.RUNTIME_FLOOR_MIN + 1  # the floor (+ the start-up's share)
+    _, huge = limits_setup(tmp_path / "b", train_step_s=1e3)
+    assert huge.minutes("train", fedavg, 1) == planning.DEFAULT_MAX_RUNTIME_MIN  # capped
+    _, capped = limits_setup(tmp_path / "c", train_step_s=1e3, environ={planning.MAX_RUNTIME_ENV: "2880"})
+    assert capped.minutes("train", fedavg, 1) == 2880 and capped.minutes("train", fedavg, 8) == 240
+
+
+@pytest.mark.parametrize("value", ["0", "ten", "-5", "9" * 9, "1e3"])
+def test_a_bad_maximum_is_one_line_naming_the_variable(value):
+    with pytest.raises(ConfigError) as exc:
+        planning.max_runtime({planning.MAX_RUNTIME_ENV: value})
+    assert str(exc.value).startswith(f"environment variable {planning.MAX_RUNTIME_ENV} has value ") and "allowed:" in str(exc.value)
+
+
+def test_the_train_rules_runtime_is_the_plans_function(tmp_path, monkeypatch):
+    """The workflow's training rules take their `runtime` from the plan (no fixed value in the rules or
+    in the SLURM profiles' train and finetune blocks); the plan's function answers by wildcards."""
+    rules = (REPO / "workflow" / "rules" / "train.smk").read_text() + (REPO / "workflow" / "rules" / "tuning.smk").read_text()
+    for rule in ("train", "finetune", "tune_trial", "train_tuned"):
+        assert f'runtime(")' not in rules and f'.runtime("{rule}")' in rules, rule
+    for profile in ("slurm", "slurm-packed"):
+        text = (REPO / "workflow" / "profiles" / profile / "config.yaml").read_text()
+        blocks = yaml.safe_load(text)["set-resources"]
+        assert "runtime" not in blocks["train"] and "runtime" not in blocks["finetune"], profile
+        assert f'os.environ.setdefault("{planning.MAX_RUNTIME_ENV}", "240")' in text
+    exp, limits = limits_setup(tmp_path, train_step_s=0.5)
+    plan = planning.WorkflowPlan(exp)
+    plan.limits = limits
+    runtime = plan.runtime("train")
+    wildcards = [SimpleNamespace(dataset="digits", partition="dir", label=label, seed="0") for label in ("fedavg", "ditto")]
+    minutes = [runtime(w, threads=1, attempt=1) for w in wildcards]
+    assert minutes == [limits.minutes("train", cell_of(exp, w.label), 1) for w in wildcards] and minutes[0] != minutes[1]
+
+
+def test_the_start_up_is_a_whole_training_job_that_trains_next_to_nothing(monkeypatch):
+    import subprocess
+    import torch
+
+    ran = []
+    real = subprocess.run
+    monkeypatch.setattr(subprocess, "run", lambda command, **kw: ran.append(command) or real(command, **kw))
+    seconds = calibration.measure_startup(torch.device("cpu"), threads=1)
+    assert seconds > 0 and len(ran) == 1 and ran[0][1:4] == ["-m", "fedrepro", "train"]  # the job as the workflow runs it
+    assert ran[0][ran[0].index("--threads") + 1] == "1"
+
+
+def test_slow_steps_are_timed_at_a_smaller_batch_and_big_models_lend_their_timings_across_classes():
+    # 0.5 s a 2-sample probe: batch 256 would take a minute a step; the largest power of two that fits
+    # MIN_REPEATS + 1 steps in 1.5 s is 2 (0.5 s each), 1 ms a probe fits the whole batch
+    assert calibration.scaled_batch(256, 2, 0.5, 1.5) == 2
+    assert calibration.scaled_batch(256, 2, 0.01, 1.5) == 64
+    assert calibration.scaled_batch(256, 2, 0.001, 1.5) == 256
+    vit = calibration.ModelSpec({"name": "prompted_vit", "params": {}}, (3, 224, 224), 10, 64, "auto")
+    seven = calibration.ModelSpec(vit.model, vit.input_shape, 7, 64, "auto")
+    other_batch = calibration.ModelSpec(vit.model, vit.input_shape, 7, 32, "auto")
+    slow, fast = {vit.key: {"train_step_s": 3.0}}, {vit.key: {"train_step_s": 0.1}}
+    assert calibration.borrowable(seven, slow) == vit
+    assert calibration.borrowable(seven, fast) is None  # a small model's head is no rounding error: measured
+    assert calibration.borrowable(other_batch, slow) is None  # only the classes may differ
