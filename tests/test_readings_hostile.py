@@ -10,27 +10,9 @@ import pytest
 import yaml
 
 from fedrepro.cli import main
-from fedrepro.io import write_json_atomic
 from fedrepro.registry import ConfigError
 from fedrepro.report import readings as rd
-from test_papers import metrics
-from test_readings import RUNS, _edit, make_repo
-
-
-def write_results(root, runs=RUNS, skip=()):
-    """root/results/toy/runs/... with one metrics.json per (label, seed) of `runs` but those in `skip`."""
-    results = root / "results" / "toy"
-    for label, accs in runs.items():
-        for seed, acc in enumerate(accs):
-            if (label, seed) in skip:
-                continue
-            method = "qffl" if label.startswith("qffl") else label
-            kinds = {"personal": acc - 0.1} if label == "local" else {"global": acc}
-            write_json_atomic(results / "runs" / "digits" / "dir" / label / f"seed{seed}" / "metrics.json",
-                              {**metrics("digits", "dir", label, seed, kinds, method),
-                               "cell": {"experiment": "toy", "dataset": "digits", "partition": "dir", "partition_id": "0",
-                                        "method": method, "label": label, "model": "mlp", "seed": seed}})
-    return results
+from test_readings import RUNS, _edit, make_repo, write_results
 
 
 def recorded(tmp_path):
