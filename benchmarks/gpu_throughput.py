@@ -103,12 +103,18 @@ MODELS = {"fmnist": {"name": "fedavg_cnn"}, "digits": {"name": "mlp", "params": 
 SYNC_EVENTS = ("cudaDeviceSynchronize", "cudaStreamSynchronize", "cudaMemcpy", "cudaEventSynchronize")
 
 
-def path_training(path: str) -> dict:
-    """The training keys of an engine path: a name of PATHS, optionally with levers added
-    (`vectorized+resident_batches+fused_step`: `training.levers` on top of that path)."""
+def path_training(path: str, method: str) -> dict:
+    """The training keys of an engine path for `method`: a name of PATHS, optionally with levers added
+    (`vectorized+resident_batches+fused_step`: `training.levers` on top of that path), but those that
+    cannot act on `method` (config.LEVER_TARGETS: batched_eval on a method without personalized models),
+    which the config would refuse."""
+    from fedrepro.config import LEVER_TARGETS
+    from fedrepro.methods import METHODS
+
     base, *levers = path.split("+")
     if base not in PATHS:
         raise ValueError(f"path {path!r}: {base!r} is not one of {list(PATHS)}")
+    levers = [lever for lever in levers if lever not in LEVER_TARGETS or LEVER_TARGETS[lever][1](METHODS.get(method))]
     return {**PATHS[base], **({"levers": levers} if levers else {})}
 
 
@@ -205,7 +211,7 @@ def engine_cell(args, clients: int, batch: int, path: str, method: str) -> dict:
     hparams, training = parity_run(method)
     every = {"eval_every": args.eval_every} if args.eval_every else {}
     return experiment(clients, args.fraction, batch, args.rounds, method=method, hparams=hparams, dataset=args.dataset,
-                      **training, **every, **path_training(path))["cells"][0]
+                      **training, **every, **path_training(path, method))["cells"][0]
 
 
 def engine_row(args, manifest, shards, device, clients: int, batch: int, path: str, method: str = "fedavg") -> dict:
@@ -368,7 +374,7 @@ def instrument(device: torch.device):
 
 def split_row(args, manifest, shards, device, clients: int, batch: int, method: str, path: str) -> dict:
     cell = experiment(clients, args.fraction, batch, args.rounds, method=method, eval_every=1, dataset=args.dataset,
-                      **path_training(path))["cells"][0]
+                      **path_training(path, method))["cells"][0]
     engine = Engine(cell, manifest, load_clients(manifest, shards, device), device, progress=False)
     with instrument(device) as times:
         t0 = time.perf_counter()
