@@ -274,7 +274,7 @@ def test_training_time_limits_follow_each_cells_estimate(cluster, tmp_path):
     from fedrepro import calibration, planning
     from fedrepro.config import resolve_experiment
 
-    config = tiny_config("slurm_cost", {"fedavg": {}, "ditto": {}, "fedavg_long": {"method": "fedavg",
+    config = tiny_config("slurm_cost", {"fedavg": {}, "ditto": {}, "fedavg_9_rounds": {"method": "fedavg",
                          "training": {"rounds": 9}}}, rounds=3)
     config["partitions"] = {"dir": {"partitioner": "iid", "num_clients": 3, "seed": 0}}
     (tmp_path / "cost.yaml").write_text(yaml.safe_dump(config))
