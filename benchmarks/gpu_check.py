@@ -3,11 +3,12 @@
     python benchmarks/gpu_check.py --mode gpu --work /tmp/gpu_check --out $OUT
 
 Reads the stages' table (<work>/stages.tsv: name, exit status, seconds), the cuda tests' JUnit
-XML, every workflow stage's cells (<work>/<stage>/results/<experiment>/runs/**/metrics.json) and
-the throughput rows; writes <out>/summary.json with `checks` (each a boolean) and `ok` (all of
-them), and exits 1 unless ok. docs/gpu.md says what each check means. Every file is read bounded and
-without blocking (benchmarks/script_inputs.py): one that is not a regular file, too large or not JSON
-where JSON is due ends the script with one line naming it (exit 2).
+XML, every workflow stage's cells (<work>/<stage>/results/<experiment>/runs/**/metrics.json), the
+throughput rows and the calibration stage's cache file (<out>/calibration.json); writes
+<out>/summary.json with `checks` (each a boolean) and `ok` (all of them), and exits 1 unless ok.
+docs/gpu.md says what each check means. Every file is read bounded and without blocking
+(benchmarks/script_inputs.py): one that is not a regular file, too large or not JSON where JSON is
+due ends the script with one line naming it (exit 2).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 
 from fedrepro.io import write_json_atomic  # noqa: E402
+from fedrepro.registry import ConfigError  # noqa: E402
 
 sys.path.insert(0, str(REPO / "benchmarks"))
 from script_inputs import OneLineParser, existing_dir, fail, read_json, read_text  # noqa: E402
@@ -121,6 +123,21 @@ def read_throughput(path: Path) -> dict | None:
     return {"device": data.get("device"), "rows": [{k: r.get(k) for k in keep if k in r} for r in data["rows"]]}
 
 
+def read_calibration_header(path: Path) -> dict | None:
+    """What the calibration stage measured, as an estimate names it (docs/cost.md): device, threads,
+    torch, date, start-up and the models timed; the file itself stays beside the summary."""
+    from fedrepro.calibration import read_calibration
+
+    if not path.exists():
+        return None
+    try:
+        data = read_calibration(path)
+    except ConfigError as exc:
+        fail(str(exc))
+    return {**{k: data.get(k) for k in ("device", "threads", "torch", "updated", "startup_s")},
+            "models": sorted(str(entry.get("label", "?")) for entry in data["models"].values())}
+
+
 def finite_positive(v) -> bool:
     return isinstance(v, (int, float)) and math.isfinite(v) and v > 0
 
@@ -182,7 +199,8 @@ def main(argv: list[str] | None = None) -> int:
     summary = {"mode": args.mode, "ok": all(result.values()), "checks": result, "environment": environment(),
                "stages": stages, "wall_s": round(time.time() - float(os.environ["GPU_CHECK_START"]), 1)
                if os.environ.get("GPU_CHECK_START") else None,
-               "cuda_tests": tests, "workflows": workflows, "throughput": throughput}
+               "cuda_tests": tests, "workflows": workflows, "throughput": throughput,
+               "calibration": read_calibration_header(args.out / "calibration.json")}
     write_json_atomic(args.out / "summary.json", summary)
     for name, good in result.items():
         print(f"[gpu_check] {'ok  ' if good else 'FAIL'} {name}")
@@ -195,6 +213,10 @@ def main(argv: list[str] | None = None) -> int:
     if vec:
         print(f"[gpu_check] vectorized round at {vec['clients']} clients: {vec['rounds_per_s']:.3g} rounds/s, "
               f"peak {vec.get('peak_round_mb')} MiB (before the round {vec.get('before_round_mb')} MiB)")
+    calibration = summary["calibration"]
+    if calibration:
+        print(f"[gpu_check] calibration of {calibration['device']} at {calibration['threads']} thread(s), torch "
+              f"{calibration['torch']}: {len(calibration['models'])} model(s) in {args.out / 'calibration.json'}")
     print(f"[gpu_check] {'OK' if summary['ok'] else 'NOT OK'} after {summary['wall_s']} s: {args.out / 'summary.json'}")
     return 0 if summary["ok"] else 1
 

@@ -7,8 +7,11 @@
 #      the default experiment (config/config.yaml);
 #   3. alone: benchmarks/gpu_throughput.py at 100 clients, batch 10 (the vectorized round's peak
 #      GPU memory, rounds/s of the vectorized and sequential paths);
-#   4. $OUT/summary.json (benchmarks/gpu_check.py: checks, stages, tests, cells, throughput),
-#      $OUT/cuda_tests.xml, $OUT/throughput.json and every log in $OUT/logs.tar.gz.
+#   4. alone: `fedrepro calibrate` of the two workflow experiments' models on the GPU (docs/cost.md),
+#      its cache file kept as $OUT/calibration.json (record it in docs/gpu_runs/<date>/: `fedrepro
+#      validate CONFIG --calibration` then estimates on this GPU);
+#   5. $OUT/summary.json (benchmarks/gpu_check.py: checks, stages, tests, cells, throughput,
+#      calibration), $OUT/cuda_tests.xml, $OUT/throughput.json and every log in $OUT/logs.tar.gz.
 # Each stage has a time limit; one that fails or runs out of time is recorded, the rest still run.
 # The CPU mode (--cpu, or GPU_CHECK_MODE=cpu; CI runs it, tests/test_gpu_check.py) runs the same
 # stages small, on digits, in well under a minute: the cuda tests are collected and skipped, the
@@ -41,16 +44,21 @@ if [ "$MODE" = gpu ]; then
   # each limit can be lowered from outside (benchmarks/gpu_session.sh runs issue 30's stages after this)
   T_TESTS=${GPU_CHECK_T_TESTS:-330} T_WF_TEST=${GPU_CHECK_T_WF_TEST:-120}
   T_WF_DEFAULT=${GPU_CHECK_T_WF_DEFAULT:-210} T_THROUGHPUT=${GPU_CHECK_T_THROUGHPUT:-150}
+  T_CALIBRATE=${GPU_CHECK_T_CALIBRATE:-60}
   WF_TEST=(--configfile "$REPO/config/test.yaml")
   WF_DEFAULT=(--configfile "$REPO/config/config.yaml")
   THREADS=()
+  # the experiments the workflow stages train, at the threads the local profile gives a cell on a GPU
+  # machine (local_plan.GPU_CELL_THREADS), so the calibration's estimates meet those cells' wall times
+  CALIBRATE="--device cuda --threads 2" CALIBRATE_CONFIGS=("$REPO/config/config.yaml" "$REPO/config/test.yaml")
 else
   SLOTS=2 CORES=2 CLIENTS=10 DATASET=digits FRACTION=1
-  T_TESTS=60 T_WF_TEST=90 T_WF_DEFAULT=0 T_THROUGHPUT=60
+  T_TESTS=60 T_WF_TEST=90 T_WF_DEFAULT=0 T_THROUGHPUT=60 T_CALIBRATE=90
   # one thread a cell, so that two cells fit the two cores side by side
   WF_TEST=(--configfile "$REPO/benchmarks/gpu_check_cpu.yaml" --set-threads train=1)
   WF_DEFAULT=()
   THREADS=(--threads 1)
+  CALIBRATE="--device cpu --threads 1" CALIBRATE_CONFIGS=("$REPO/benchmarks/gpu_check_cpu.yaml")
 fi
 
 # -- 1. environment (benchmarks/gpu_env.sh) -----------------------------------------------------
@@ -80,7 +88,19 @@ stage throughput "$T_THROUGHPUT" "$PYTHON" benchmarks/gpu_throughput.py --datase
   --fraction "$FRACTION" --batch 10 --rounds 1 --paths vectorized sequential --work "$WORK/throughput" --json "$OUT/throughput.json" \
   "${THREADS[@]}"
 
-# -- 4. summary and logs ------------------------------------------------------------------------------
+# -- 4. this device's calibration, alone on it --------------------------------------------------------
+# `fedrepro calibrate` writes its cache under results/.calibration of its working directory: one file
+# per device, threads and torch, so both experiments' models land in the same one (the second run
+# reuses the first's start-up measurement). The loop runs in a child shell ($0: the folder, $1: the
+# Python, then the configs) so that the stage's time limit covers it whole.
+mkdir -p "$WORK/calibrate"
+stage calibrate "$T_CALIBRATE" bash -c 'cd "$0" || exit; for config in "${@:2}"; do
+  "$1" -m fedrepro calibrate "$config" '"$CALIBRATE"' || exit; done' "$WORK/calibrate" "$PYTHON" "${CALIBRATE_CONFIGS[@]}"
+for cache in "$WORK"/calibrate/results/.calibration/*.json; do
+  if [ -f "$cache" ]; then cp "$cache" "$OUT/calibration.json"; fi
+done
+
+# -- 5. summary and logs ------------------------------------------------------------------------------
 rc=0
 "$PYTHON" benchmarks/gpu_check.py --mode "$MODE" --work "$WORK" --out "$OUT" --clients "$CLIENTS" || rc=$?
 # every log (the stages', Snakemake's, each job's) in one file: $OUT keeps at most 8 files

@@ -248,3 +248,213 @@ def test_slow_steps_are_timed_at_a_smaller_batch_and_big_models_lend_their_timin
     assert calibration.borrowable(seven, slow) == vit
     assert calibration.borrowable(seven, fast) is None  # a small model's head is no rounding error: measured
     assert calibration.borrowable(other_batch, slow) is None  # only the classes may differ
+
+
+# -- the estimate where people look: the workflow's start, `fedrepro status`, a named calibration --------
+
+def calibration_file(path, exp: dict, device: str, threads: int, torch: str, train: float = 0.01,
+                     startup: float = 2.0, updated: str = "2026-11-26T10:00:00+00:00") -> dict:
+    """A calibration file at `path` with every model of `exp` (the cache's format, as a GPU run records it)."""
+    specs = [calibration.model_spec(c, exp["datasets"]) for c in exp["cells"] + exp["tuning_cells"]]
+    data = {"format": calibration.FORMAT, "device": device, "threads": threads, "torch": torch, "startup_s": startup,
+            "updated": updated, "models": {s.key: {"train_step_s": train, "forward_sample_s": 1e-5, "head_step_s": 1e-3,
+                                                   "label": s.label()} for s in specs}}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data))
+    return data
+
+
+def this_machines_calibration(root, exp: dict, **timings) -> dict:
+    """A cached calibration of this machine's device, the local profile's threads and this torch under `root`."""
+    from fedrepro.local_plan import machine_plan
+
+    device, threads, torch = cost.this_device(), machine_plan().threads, calibration.torch_version()
+    return calibration_file(calibration.calibration_path(device, threads, torch, root), exp, device, threads, torch, **timings)
+
+
+def estimated(exp: dict, cal: dict, shards_root) -> dict[str, float]:
+    return cost.estimate(cost.Estimator(exp, shards_root).jobs(), cal).seconds()
+
+
+def test_the_workflow_says_validates_estimate_when_it_starts(quick, tmp_path, capsys):
+    text = (REPO / "workflow" / "rules" / "common.smk").read_text()
+    main_block = text[text.index("if workflow.is_main_process:"):text.index("set_job_environment(EXP, OVERRIDES)")]
+    assert "for line in workflow_lines(EXP):" in main_block  # printed once, by the main Snakemake process
+    exp = resolve_experiment(tiny_config())
+    assert main(["validate", str(quick)]) == 0
+    said = [line.split(": ", 1)[1] for line in capsys.readouterr().out.splitlines() if ": cost" in line]
+    # no calibration here: the hint validate prints, naming the experiment
+    assert cost.workflow_lines(exp) == [f"experiment 'unit': {line}" for line in said] and "calibrate" in said[0]
+    cal = this_machines_calibration(tmp_path / calibration.CALIBRATION_DIR, exp)
+    assert main(["validate", str(quick)]) == 0
+    said = [line.split(": ", 1)[1] for line in capsys.readouterr().out.splitlines() if ": cost" in line]
+    lines = cost.workflow_lines(exp)
+    assert lines == [f"experiment 'unit': {line}" for line in said]
+    seconds = estimated(exp, cal, tmp_path / "no-shards")
+    assert f"{len(seconds)} job(s), {cost.human(sum(seconds.values()))} in all, longest" in lines[0]
+    assert "wall time here with the local profile" in lines[0]
+
+
+def test_the_workflows_estimate_never_stops_it(quick, tmp_path, monkeypatch):
+    exp = resolve_experiment(tiny_config())
+    root = tmp_path / calibration.CALIBRATION_DIR
+    root.mkdir(parents=True)
+    (root / "damaged.json").write_bytes(b"\xff\xfe not json")
+    lines = cost.workflow_lines(exp)  # an unreadable cache: named, then the hint
+    assert lines[0].startswith("experiment 'unit': warning: calibration file ") and "damaged.json" in lines[0]
+    assert lines[1].startswith("experiment 'unit': cost: no calibration for this machine")
+
+    def broken(*a, **k):
+        raise OSError(13, "Permission denied", str(root))
+
+    monkeypatch.setattr(calibration, "load_calibrations", broken)
+    [line] = cost.workflow_lines(exp)
+    assert line.startswith("experiment 'unit': cost: not estimated (PermissionError: ") and "fedrepro validate" in line
+
+
+@pytest.mark.slow
+def test_a_dry_run_prints_the_estimates_hint_past_a_damaged_calibration_cache(tmp_path):
+    import subprocess
+    import sys
+
+    (tmp_path / "results" / ".calibration").mkdir(parents=True)
+    (tmp_path / "results" / ".calibration" / "x.json").write_text("[]")
+    proc = subprocess.run([sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "--directory", str(tmp_path),
+                           "-n", "--configfile", str(REPO / "config" / "test.yaml")], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "fedrepro: experiment 'test': warning: calibration file " in proc.stderr
+    assert "fedrepro: experiment 'test': cost: no calibration for this machine (" in proc.stderr
+
+
+# -- status: the time left -----------------------------------------------------------------------------
+
+def status_file(root, cell: dict, **fields) -> None:
+    from fedrepro import progress
+    from fedrepro.io import write_json_atomic
+
+    who = {k: cell.get(k) for k in ("experiment", "dataset", "partition", "label", "method", "trial", "seed")}
+    state = {"schema": progress.STATUS_SCHEMA, "cell": who, "state": "running", "round": 1, "rounds": 2, "eval_round": 1,
+             "acc": {}, "train_loss": 1.0, "elapsed_s": 0.0, "eta_s": None, "pid": os.getpid(),
+             "host": __import__("socket").gethostname(), "started": "x", "updated": "x", **fields}
+    write_json_atomic(progress.status_path(root / "status", cell), state)
+
+
+def time_left(capsys, root) -> str:
+    assert main(["status", str(root)]) == 0
+    captured = capsys.readouterr()
+    assert "Traceback" not in captured.err
+    [line] = [l for l in captured.out.splitlines() if l.startswith("time left: ")]
+    return line
+
+
+def test_status_estimates_the_time_left_from_the_runs_recorded_config(quick, tmp_path, capsys, monkeypatch):
+    from fedrepro import local_plan, progress
+    from fedrepro.io import write_json_atomic
+
+    config = tiny_config(rounds=3)
+    exp = resolve_experiment(config)
+    root = tmp_path / "results" / "unit"  # the workflow's: calibrations and shards beside it, under results/
+    progress.write_plan(root, exp["cells"], config)
+    cal = this_machines_calibration(tmp_path / "results" / ".calibration", exp, train=0.05)
+    seconds = estimated(exp, cal, tmp_path / "results" / "shards")
+    local, fedavg, fedavg_ft = (next(c for c in exp["cells"] if c["label"] == label) for label in ("local", "fedavg", "fedavg_ft"))
+    write_json_atomic(root / "runs/digits/dir/local/seed0/metrics.json", {"status": "ok", "rounds": 3})  # done
+    status_file(root, fedavg, elapsed_s=3.0)  # running 3 s: its estimate less 3 s is left
+    monkeypatch.setattr(local_plan, "cells_at_once", lambda plan, cores=None: 2)
+    left = seconds["digits/dir/fedavg/seed0"] - 3.0 + seconds["digits/dir/fedavg_ft/seed0"]  # fedavg_ft pending
+    line = time_left(capsys, root)
+    want = max(left / 2, seconds["digits/dir/fedavg_ft/seed0"])
+    assert line == f"time left: about {cost.human(want)} (1 running, 1 pending job(s), 2 side by side with the local profile)"
+    status_file(root, fedavg, elapsed_s=1e6)  # running past its estimate: nothing left of it, never less
+    assert time_left(capsys, root).startswith(f"time left: about {cost.human(seconds['digits/dir/fedavg_ft/seed0'])} (")
+    for cell in (fedavg, fedavg_ft):
+        write_json_atomic(root / "runs" / cost.job_name(cell) / "metrics.json", {"status": "ok", "rounds": 3})
+    assert time_left(capsys, root) == "time left: none estimated (no pending or running job)"
+
+
+def test_status_says_why_there_is_no_time_left_in_one_line(quick, tmp_path, capsys):
+    from fedrepro import progress
+    from fedrepro.io import write_json_atomic
+
+    config = tiny_config()
+    exp = resolve_experiment(config)
+    root = tmp_path / "results" / "unit"
+    root.mkdir(parents=True)
+    plan = root / "status" / progress.PLAN_FILE
+    assert time_left(capsys, root) == f"time left: no estimate: the run's config is not known: no {plan} (the workflow " \
+                                      "writes it when its jobs start)"
+    progress.write_plan(root, exp["cells"])  # a plan of before: no config in it
+    assert "records none" in time_left(capsys, root)
+    write_json_atomic(plan, {"cells": [], "config": {**config, "seeds": "all"}})  # damaged: refused, named
+    assert time_left(capsys, root).startswith("time left: no estimate: the config recorded in the run's plan is refused (")
+    progress.write_plan(root, exp["cells"], config)
+    line = time_left(capsys, root)  # no calibration for this machine: how to make one
+    assert line.startswith("time left: no estimate: no calibration for this machine (") and "fedrepro calibrate" in line
+
+
+# -- a calibration named on the command line: one recorded on a GPU -------------------------------------
+
+H100 = "cuda: NVIDIA H100 80GB HBM3"
+
+
+def test_a_gpu_calibration_named_for_validate_says_its_device_date_gpu_hours_and_packed_wall_time(quick, tmp_path, capsys):
+    exp = resolve_experiment(tiny_config())
+    path = tmp_path / "gpu_runs" / "calibration.json"
+    cal = calibration_file(path, exp, H100, 2, "2.11.0", train=0.5)
+    est = cost.estimate(cost.Estimator(exp, tmp_path / "no-shards").jobs(), cal)
+    seconds = est.seconds()
+    lines = {}
+    for gpus in (1, 2):
+        assert main(["validate", str(quick), "--calibration", str(path), "--gpus", str(gpus)]) == 0
+        [lines[gpus]] = [l for l in capsys.readouterr().out.splitlines() if ": cost on " in l]
+    total = sum(seconds.values())
+    assert f"cost on {H100} (2 threads, calibrated 2026-11-26, torch 2.11.0, file {path}): {len(seconds)} job(s), " \
+           f"{cost.human(total)} in all" in lines[1]
+    assert f"; {total / 3600:.3g} GPU-hours; wall time on 1 GPU with the slurm-packed profile (8 cells a job, in turn): " \
+           f"about {cost.human(total)}" in lines[1]  # on one GPU: every job in turn
+    assert "wall time here" not in lines[1]  # not this machine's device: no local profile's wall time
+    on_two = cost.packed_wall_seconds(est.timed, 2)  # (the packing itself: test_packing_follows_the_slurm_packed_profile)
+    assert f"wall time on 2 GPUs with the slurm-packed profile (8 cells a job, in turn): about {cost.human(on_two)}" in lines[2]
+    assert main(["cells", str(quick), "--cost", "--calibration", str(path)]) == 0
+    captured = capsys.readouterr()
+    assert [r.split("\t")[1] for r in captured.out.splitlines()] == [cost.human(seconds[cost.job_name(c)]) for c in exp["cells"]]
+    assert f"cost on {H100}" in captured.err and str(path) in captured.err
+
+
+def test_packing_follows_the_slurm_packed_profile():
+    config = yaml.safe_load((REPO / "workflow" / "profiles" / "slurm-packed" / "config.yaml").read_text())
+    assert config["group-components"] == [f"train_pack={cost.PACKED_CELLS_PER_JOB}"]
+    assert config["groups"] == [f"{cost.PACKED_RULE}=train_pack"]
+    exp = resolve_experiment(tiny_config())
+    cell = cell_of(exp, "fedavg")
+    spec = calibration.model_spec(cell, exp["datasets"])
+    packed = [(cost.Job("c", cell, cost.Work(spec, 1, 0, 0)), 1.0)] * 10  # rule train: 8 a job, then 2
+    derived = (cost.Job("d", cell, cost.Work(spec, 0, 0, 0, derived=True)), 5.0)  # rule finetune: a job of its own
+    trial = (cost.Job("t", {**cell, "trial": "t0123abcd"}, cost.Work(spec, 1, 0, 0)), 3.0)
+    assert cost.packed_wall_seconds(packed, 1) == 10 and cost.packed_wall_seconds(packed, 2) == 8
+    assert cost.packed_wall_seconds(packed + [derived, trial], 3) == 8  # 8 | 5 | 2 + 3
+    assert cost.packed_wall_seconds(packed + [derived, trial], 1) == 18
+
+
+def test_a_bad_named_calibration_is_one_line_naming_it(quick, tmp_path, capsys):
+    exp = resolve_experiment(tiny_config())
+    bad = tmp_path / "bad.json"
+    stale = tmp_path / "stale.json"  # this very device, another torch: its timings are not this torch's
+    calibration_file(stale, exp, cost.this_device(), 2, "0.0.1")
+    wrong = {"missing.json": "no such file", "bad.json": "cannot be read", "list.json": "key 'format' has value [",
+             "shape.json": "key 'models' has value", "date.json": "key 'updated' has value 5",
+             "stale.json": "key 'torch' has value '0.0.1'"}
+    bad.write_text("{not json")
+    (tmp_path / "list.json").write_text("[1, 2]")
+    (tmp_path / "shape.json").write_text(json.dumps({"format": calibration.FORMAT, "device": H100, "threads": 2,
+                                                     "torch": "2.11.0", "models": []}))
+    calibration_file(tmp_path / "date.json", exp, H100, 2, "2.11.0", updated=5)
+    for name, what in wrong.items():
+        for command in (["validate", str(quick)], ["cells", str(quick), "--cost"]):
+            assert main([*command, "--calibration", str(tmp_path / name)]) == 2, name
+            captured = capsys.readouterr()
+            assert captured.out == "" and "Traceback" not in captured.err and len(captured.err.strip().splitlines()) == 1
+            assert str(tmp_path / name) in captured.err and what in captured.err, captured.err
+    assert main(["cells", str(quick), "--cost", "--calibration", str(tmp_path / "date.json"), "--threads", "2"]) == 2
+    assert "--threads goes without --calibration" in capsys.readouterr().err

@@ -41,7 +41,7 @@ def test_cpu_mode_runs_every_stage_and_writes_the_summary(tmp_path):
     summary = json.loads((out / "summary.json").read_text())
     assert summary["mode"] == "cpu" and summary["ok"] and all(summary["checks"].values())
     assert {k: v["status"] for k, v in summary["stages"].items()} == {
-        "cuda_tests": "ok", "workflow_test": "ok", "workflow_default": "skipped", "throughput": "ok"}
+        "cuda_tests": "ok", "workflow_test": "ok", "workflow_default": "skipped", "throughput": "ok", "calibrate": "ok"}
     tests = summary["cuda_tests"]
     assert tests["tests"] > 40 and tests["skipped"] == tests["tests"]  # every cuda test collected, skipped here
     cells = summary["workflows"]["workflow_test"]["cells"]
@@ -51,7 +51,13 @@ def test_cpu_mode_runs_every_stage_and_writes_the_summary(tmp_path):
     assert vec["vectorized"] is True and vec["clients"] == 10
     # what comes back from a device machine: at most 8 files, the logs in one archive
     files = sorted(p.name for p in out.iterdir())
-    assert files == ["cuda_tests.xml", "logs.tar.gz", "summary.json", "throughput.json"]
+    assert files == ["calibration.json", "cuda_tests.xml", "logs.tar.gz", "summary.json", "throughput.json"]
+    # this device's calibration, kept for the run's records (docs/cost.md): the cache file as written
+    from fedrepro.calibration import read_calibration
+
+    calibrated = read_calibration(out / "calibration.json")
+    assert calibrated["device"].startswith("cpu: ") and calibrated["threads"] == 1 and calibrated["startup_s"] > 0
+    assert summary["calibration"]["device"] == calibrated["device"] and len(summary["calibration"]["models"]) == 1
     with tarfile.open(out / "logs.tar.gz") as tar:
         names = tar.getnames()
     assert "./logs/workflow_test.log" in names and "./logs/environment.log" in names and "./stages.tsv" in names
@@ -80,6 +86,17 @@ def test_summary_checks_fail_on_what_the_gpu_run_must_show():
         "workflow_test: every cell ok on cuda", "workflow_test: cells trained side by side",
         "throughput: its peak GPU memory"}
     assert gpu_check.max_overlap([(0, 2), (1, 3), (2.5, 4), (5, 6)]) == 2
+
+
+def test_the_summary_names_a_damaged_calibration_file_in_one_line(tmp_path, capsys):
+    (tmp_path / "work").mkdir()
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "calibration.json").write_text('{"format": "fedrepro-calibration/1", "device": 3}')
+    with pytest.raises(SystemExit) as exc:
+        gpu_check.main(["--mode", "cpu", "--work", str(tmp_path / "work"), "--out", str(tmp_path / "out"), "--clients", "10"])
+    err = capsys.readouterr().err.strip()
+    assert exc.value.code == 2 and len(err.splitlines()) == 1
+    assert f"calibration file {tmp_path / 'out' / 'calibration.json'}: key 'device' has value 3" in err
 
 
 def test_wheel_list_is_the_locks_closure_minus_the_device_image():

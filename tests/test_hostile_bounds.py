@@ -157,7 +157,7 @@ def test_status_survives_status_files_whose_fields_have_the_wrong_types(tmp_path
         write_json_atomic(path, {**json.loads(path.read_text()), **bad})
     assert main(["status", str(root)]) == 0
     out = capsys.readouterr().out
-    states = {line.split()[0]: line.split()[1] for line in out.splitlines()[3:]}
+    states = {line.split()[0]: line.split()[1] for line in out.split("\n\n")[1].splitlines()[1:]}  # the table's rows
     assert states == {"d/p/l/seed0": "pending", "d/p/l3/seed0": "running", "d\x00/p/l4/seed0": "running"}
 
 

@@ -83,7 +83,7 @@ def test_status_lists_running_stopped_done_failed_and_pending_cells(tmp_path, ca
 
     assert main(["status", str(root)]) == 0
     out = capsys.readouterr().out
-    lines = {line.split()[0]: line.split() for line in out.splitlines()[3:]}
+    lines = {line.split()[0]: line.split() for line in out.split("\n\n")[1].splitlines()[1:]}  # the table's rows
     assert out.splitlines()[0] == f"{root}: 6 cell(s): 1 running, 1 stopped, 1 failed, 1 pending, 2 done"
     assert lines["d/p/run/seed0"] == ["d/p/run/seed0", "running", "2/5", "50.00%", "-", "0:20", "0:30"]
     assert lines["d/p/killed/seed0"][1:3] == ["stopped", "2/5"] and lines["d/p/killed/seed0"][-1] == "-"

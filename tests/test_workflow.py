@@ -106,6 +106,8 @@ def test_every_csv_the_workflow_writes_reads_back_with_pandas_and_the_status_sho
     assert summary["acc_weighted_mean"].max() <= 1 and table.filter(like="/mean").max().max() <= 1  # one unit
     assert main(["status", str(out)]) == 0
     assert capsys.readouterr().out.startswith(f"{out}: 12 cell(s): 12 done")
+    # the run's merged config beside its cells: `fedrepro status` estimates the time left from it (docs/cost.md)
+    assert json.loads((out / "status" / "plan.json").read_text())["config"]["experiment"] == "test"
 
 
 def test_rerun_plans_nothing(e2e):

@@ -160,6 +160,10 @@ def read_calibration(path: str | os.PathLike) -> dict[str, Any]:
         if not isinstance(data.get(key), kind) or isinstance(data.get(key), bool):
             raise ConfigError(f"calibration file {path}: key '{key}' has value {show(data.get(key))}; allowed: a "
                               f"{kind.__name__} (delete it and run `fedrepro calibrate CONFIG`)")
+    for key in ("updated", "fedrepro"):  # optional: the date an estimate says, and the writer's version
+        if data.get(key) is not None and not isinstance(data[key], str):
+            raise ConfigError(f"calibration file {path}: key '{key}' has value {show(data[key])}; allowed: a str "
+                              "(delete it and run `fedrepro calibrate CONFIG`)")
     if data.get("startup_s") is not None:
         _number(path, "startup_s", data["startup_s"])
     for key, entry in data["models"].items():

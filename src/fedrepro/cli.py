@@ -85,8 +85,11 @@ def cmd_validate(args) -> None:
 
 def _validate(args) -> None:
     from .config import load_and_resolve
+    from .cost import cost_basis, experiment_lines
     from .overrides import cli_items
 
+    # the calibration is read before any config, so that a bad --calibration file stops at once
+    local, chosen = cost_basis(args.calibration)
     # one experiment of the merged files (as Snakemake's --configfile), or --each file on its own
     runs = [[path] for path in args.configs] if args.each else [args.configs]
     for paths in runs:
@@ -100,9 +103,7 @@ def _validate(args) -> None:
             print(f"{name}: warning: {line}", file=sys.stderr)
         for line in paper_table_lines(paths[-1], exp, config):
             print(f"{name}: {line}")
-        from .cost import experiment_lines
-
-        for line in experiment_lines(exp):  # from a cached calibration only: validate never measures
+        for line in experiment_lines(exp, local, chosen, gpus=args.gpus):  # from a calibration file only: never measured
             print(f"{name}: {line}")
 
 
@@ -136,17 +137,16 @@ def cmd_cells(args) -> None:
         for c in exp["cells"]:
             print(cell_id(c))
         return
-    from .calibration import load_calibrations
-    from .cost import Estimator, human, machine_calibration
-    from .local_plan import machine_plan
+    from .cost import Estimator, calibrate_hint, calibration_head, cost_basis, human
 
-    threads = args.threads or machine_plan().threads
-    calibrations, problems = load_calibrations()
-    for line in problems:
+    if args.calibration and args.threads:
+        raise ConfigError("--threads goes without --calibration: a calibration file's threads are its own")
+    _, chosen = cost_basis(args.calibration, threads=args.threads)
+    calibration = chosen.calibration
+    for line in chosen.problems:
         print(f"fedrepro cells: warning: {line}", file=sys.stderr)
-    calibration, device = machine_calibration(calibrations, threads)
-    print(f"[fedrepro] cost on {device}, {threads} threads: "
-          + (f"calibration {calibration['path']}" if calibration else "uncalibrated (run `fedrepro calibrate CONFIG`)"),
+    print(f"[fedrepro] {calibration_head(chosen)}: calibration {calibration['path']}" if calibration else
+          f"[fedrepro] cost on {chosen.device}, {chosen.threads} threads: uncalibrated ({calibrate_hint(chosen)})",
           file=sys.stderr)
     estimator = Estimator(exp)
     for c in exp["cells"]:
@@ -503,9 +503,16 @@ def _add_set(p: argparse.ArgumentParser) -> None:
                    "argument separated by spaces), e.g. --set 'training.rounds=1 seeds=[0,1]'; snakemake: --config set='...'")
 
 
+def _add_calibration(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--calibration", type=check.existing_file, metavar="PATH", help="estimate with this calibration file "
+                   "(as `fedrepro calibrate` writes them, e.g. one a GPU run recorded in docs/gpu_runs/) instead of this "
+                   "machine's cached one (docs/cost.md)")
+
+
 def cmd_status(args) -> None:
     import time
 
+    from .cost import TimeLeft
     from .progress import collect, render
 
     root = Path(args.results)
@@ -513,9 +520,11 @@ def cmd_status(args) -> None:
         raise ConfigError(f"{root}: no such results folder (give results/<experiment>)")
     if args.watch is not None and not args.watch > 0:
         raise ConfigError(f"--watch {args.watch:g}: must be a number of seconds > 0")
+    left = TimeLeft.of_results(root)  # every job's estimate, made once: the plan does not change while it runs
     while True:
         problems: list[str] = []  # files that are not regular, too large or not JSON: named, never read whole
-        text = render(collect(root, problems), root, problems)
+        rows = collect(root, problems)
+        text = render(rows, root, problems, footer=[left.line(rows)])
         if not args.watch:
             print(text)
             return
@@ -556,6 +565,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--each", action="store_true", help="validate every CONFIG on its own instead of merging them")
     p.add_argument("--allow-large-budgets", action="store_true", help="lift the sanity bounds on rounds, epochs, clients, "
                    "cells and parameter magnitudes (as FEDREPRO_ALLOW_LARGE_BUDGETS=1 does for Snakemake)")
+    _add_calibration(p)
+    p.add_argument("--gpus", type=check.positive_int, default=1, metavar="N", help="with a GPU's calibration: the "
+                   "wall time on N GPUs, cells packed as the slurm-packed profile packs them (default 1)")
     p.set_defaults(func=cmd_validate)
 
     p = sub.add_parser("cells", help="list the training cells of an experiment", description="List the cells "
@@ -567,6 +579,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "calibration: `fedrepro calibrate`; docs/cost.md)")
     p.add_argument("--threads", type=check.positive_int, default=None, help="with --cost: the cells' threads (default: "
                    "the local profile's)")
+    _add_calibration(p)
     p.set_defaults(func=cmd_cells)
 
     p = sub.add_parser("calibrate", help="time this machine's training steps for an experiment's models",
@@ -713,7 +726,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("status", help="progress of the cells of a results folder", description="Show the cells of "
                        "results/<experiment> while the workflow runs: running (round r/R, last accuracy, time left), done, "
-                       "failed, stopped and pending, from the status files the training jobs write and the finished metrics.json.")
+                       "failed, stopped and pending, from the status files the training jobs write and the finished metrics.json; "
+                       "then the time left, estimated from the run's recorded config and this machine's calibration "
+                       "(docs/cost.md).")
     p.add_argument("results", type=check.input_dir, help="results/<experiment>")
     p.add_argument("--watch", type=float, metavar="SECONDS", help="redraw every SECONDS until Ctrl-C")
     p.set_defaults(func=cmd_status)

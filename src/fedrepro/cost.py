@@ -29,9 +29,15 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from .calibration import CALIBRATION_DIR, ModelSpec, model_spec
+from .registry import ConfigError, show
 
 #: The shards' folder, relative to the working directory (planning.WorkflowPlan.shard_dir's).
 SHARDS_ROOT = Path("results") / "shards"
+#: Training cells of rule `train` per submitted job in workflow/profiles/slurm-packed (its
+#: `group-components: train_pack=8`; tests/test_cost.py holds the two equal): one GPU per job, its
+#: cells one after another. Every other training rule's job runs alone (the profile groups only `train`).
+PACKED_CELLS_PER_JOB = 8
+PACKED_RULE = "train"
 #: Above this many (clients x rounds) the sampling schedule is not drawn: the expected participation
 #: stands in (the same mean; drawing 10,000 rounds of 100,000 clients would take minutes).
 EXACT_SCHEDULE_LIMIT = 2_000_000
@@ -229,6 +235,28 @@ def slowest_seconds(work: Work, calibrations: Iterable[dict[str, Any]]) -> float
     return max(found) if found else None
 
 
+def training_rule(cell: dict[str, Any], derived: bool) -> str:
+    """The rule whose job trains `cell`: a tuning trial's, a fine-tuning row scored from its base cell's
+    final model (`derived`), a tuned label's final cell, or rule train (workflow/rules/*.smk)."""
+    if "trial" in cell:
+        return "tune_trial"
+    if derived:
+        return "finetune"
+    return "train_tuned" if cell.get("tuned") else "train"
+
+
+def packed_wall_seconds(timed: Iterable[tuple["Job", float]], gpus: int, per_job: int = PACKED_CELLS_PER_JOB) -> float:
+    """The wall time of estimated jobs on `gpus` GPUs with workflow/profiles/slurm-packed: rule train's
+    cells `per_job` to a submitted job of one GPU that runs them one after another (grouped in the
+    config's order; Snakemake may group them otherwise), every other training job alone on a GPU, the
+    jobs laid out as `wall_seconds` lays them."""
+    packed, alone = [], []
+    for job, seconds in timed:
+        (packed if training_rule(job.cell, job.work.derived) == PACKED_RULE else alone).append(seconds)
+    groups = [sum(packed[i:i + per_job]) for i in range(0, len(packed), per_job)]
+    return wall_seconds(groups + alone, gpus)
+
+
 def wall_seconds(durations: list[float], at_once: int) -> float:
     """The wall time of jobs of `durations` run `at_once` side by side, each taking the next free slot,
     longest first (as if independent: a fine-tuning row waits for its base, which this leaves out)."""
@@ -250,51 +278,258 @@ def human(seconds: float) -> str:
     return f"{seconds / 86400:.1f} days"
 
 
-# -- what validate and cells print --------------------------------------------------------------------
+# -- which calibration --------------------------------------------------------------------------------
 
-def machine_calibration(calibrations: list[dict], threads: int) -> tuple[dict | None, str]:
-    """The calibration of this machine's device (`--device auto`'s: the GPU, else the CPU) at `threads`
-    and this torch, and the device's name."""
-    from .calibration import cpu_name, find_calibration, gpu_name, torch_version
+@dataclass(frozen=True)
+class Chosen:
+    """The calibration an estimate is made with (None: there is none for this machine), the device and
+    threads it is for, whether that device is this machine's (only then is a wall time "here" with the
+    local profile meaningful), the file `--calibration` named (None: this machine's cache), and one
+    line per cached file that could not be used."""
 
-    device = gpu_name() or f"cpu: {cpu_name()}"
+    calibration: dict[str, Any] | None
+    device: str
+    threads: int
+    here: bool
+    named: str | None = None
+    problems: tuple[str, ...] = ()
+
+    @property
+    def gpu(self) -> bool:
+        """A GPU's calibration: its estimate is also said in GPU-hours and packed SLURM jobs."""
+        return self.device.startswith("cuda:")
+
+
+def this_device() -> str:
+    """The device `--device auto` takes on this machine, as calibrations name it: the GPU, else the CPU."""
+    from .calibration import cpu_name, gpu_name
+
+    return gpu_name() or f"cpu: {cpu_name()}"
+
+
+def machine_calibration(calibrations: list[dict], threads: int, device: str | None = None) -> tuple[dict | None, str]:
+    """The calibration of this machine's device (`device`, if already known) at `threads` and this torch,
+    and the device's name."""
+    from .calibration import find_calibration, torch_version
+
+    device = device or this_device()
     return find_calibration(calibrations, device, threads, torch_version()), device
 
 
-def experiment_lines(exp: dict[str, Any], calibration_root: str | os.PathLike = CALIBRATION_DIR,
-                     shards_root: str | os.PathLike = SHARDS_ROOT) -> list[str]:
-    """What `fedrepro validate` says of an experiment's cost on this machine: the total, the longest
-    job and the wall time with the local profile's plan, from a cached calibration only (never
-    measured here), or how to make one."""
+def named_calibration(path: str | os.PathLike, device_here: str) -> dict[str, Any]:
+    """The calibration file `path` (`--calibration`, e.g. one a GPU run recorded in docs/gpu_runs/),
+    checked by calibration.read_calibration (ConfigError naming the file and what is wrong). A file of
+    this very device under another torch is refused: the cells here run this torch, so its timings are
+    stale. Another device's torch is that machine's, which nothing here can check."""
+    from .calibration import read_calibration, torch_version
+
+    data = read_calibration(path)
+    torch_here = torch_version()
+    if data["device"] == device_here and data["torch"] != torch_here:
+        raise ConfigError(f"calibration file {path}: key 'torch' has value {show(data['torch'])}; allowed: this machine's "
+                          f"torch {torch_here!r}, since it calibrates this device ({device_here}): run "
+                          "`fedrepro calibrate CONFIG` again")
+    return {**data, "path": str(path)}
+
+
+def choose_calibration(threads: int, path: str | os.PathLike | None = None,
+                       root: str | os.PathLike = CALIBRATION_DIR) -> Chosen:
+    """The file `path` names (at its own threads), else this machine's cached calibration at `threads`."""
     from .calibration import load_calibrations
-    from .local_plan import cells_at_once, machine_plan
+
+    device_here = this_device()
+    if path is not None:
+        data = named_calibration(path, device_here)
+        return Chosen(data, data["device"], data["threads"], data["device"] == device_here, str(path))
+    calibrations, problems = load_calibrations(root)
+    data, _ = machine_calibration(calibrations, threads, device_here)
+    return Chosen(data, device_here, threads, True, None, tuple(problems))
+
+
+def calibrate_hint(chosen: Chosen) -> str:
+    """How to make the calibration that is missing: on its device where that is not this machine's."""
+    return "run `fedrepro calibrate CONFIG`" + ("" if chosen.here else f" on {chosen.device}")
+
+
+def no_calibration_line(chosen: Chosen) -> str:
+    """What validate, the workflow's start and `fedrepro status` say without a calibration."""
+    return f"cost: no calibration for this machine ({chosen.device}, {chosen.threads} threads): {calibrate_hint(chosen)}"
+
+
+# -- an experiment's estimate -------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Estimate:
+    """An experiment's jobs under one calibration: those estimated, with their seconds; those whose
+    model it lacks; and how many could not be sized (their dataset's size is known only from its shards)."""
+
+    timed: tuple[tuple[Job, float], ...]
+    uncalibrated: tuple[Job, ...]
+    unsized: int
+
+    @property
+    def total(self) -> float:
+        return sum(s for _, s in self.timed)
+
+    @property
+    def longest(self) -> tuple[Job, float]:
+        return max(self.timed, key=lambda js: js[1])
+
+    def seconds(self) -> dict[str, float]:
+        """Each estimated job's seconds by its name (job_name: as its run and status folders name it)."""
+        return {job.name: s for job, s in self.timed}
+
+    def missing_models(self) -> str:
+        return "; ".join(sorted({job.work.spec.label() for job in self.uncalibrated}))
+
+
+def estimate(jobs: Iterable[Job], calibration: dict[str, Any]) -> Estimate:
+    timed, uncalibrated, unsized = [], [], 0
+    for job in jobs:
+        seconds = None if job.work is None else job.work.seconds(calibration)
+        if job.work is None:
+            unsized += 1
+        elif seconds is None:
+            uncalibrated.append(job)
+        else:
+            timed.append((job, seconds))
+    return Estimate(tuple(timed), tuple(uncalibrated), unsized)
+
+
+def local_wall_text(est: Estimate, local) -> str:
+    """The wall time on this machine with the local profile's plan (`local`, local_plan.LocalPlan)."""
+    from .local_plan import cells_at_once
+
+    at_once = cells_at_once(local)
+    side = "one at a time" if at_once == 1 else f"{at_once} side by side"
+    return f"wall time here with the local profile ({side}): about {human(wall_seconds([s for _, s in est.timed], at_once))}"
+
+
+def gpu_text(est: Estimate, gpus: int) -> str:
+    """GPU-hours (every training job holds one GPU for its time) and the wall time on `gpus` GPUs, packed."""
+    return (f"{est.total / 3600:.3g} GPU-hours; wall time on {gpus} GPU{'' if gpus == 1 else 's'} with the slurm-packed "
+            f"profile ({PACKED_CELLS_PER_JOB} cells a job, in turn): about {human(packed_wall_seconds(est.timed, gpus))}")
+
+
+def calibration_head(chosen: Chosen) -> str:
+    """'cost on <device> (<threads> threads, calibrated <date>[, torch <version>, file <path>])'."""
+    cal = chosen.calibration
+    named = f", torch {cal['torch']}, file {chosen.named}" if chosen.named else ""
+    return f"cost on {chosen.device} ({chosen.threads} threads, calibrated {(cal.get('updated') or '?')[:10]}{named})"
+
+
+def cost_basis(calibration_file: str | os.PathLike | None = None, calibration_root: str | os.PathLike = CALIBRATION_DIR,
+               threads: int | None = None):
+    """(the local profile's plan for this machine, the calibration chosen at its threads or `threads`)."""
+    from .local_plan import machine_plan
 
     local = machine_plan()
-    calibrations, problems = load_calibrations(calibration_root)
-    calibration, device = machine_calibration(calibrations, local.threads)
-    lines = [f"warning: {p}" for p in problems]
-    if calibration is None:
-        return lines + [f"cost: no calibration for this machine ({device}, {local.threads} threads): run "
-                        "`fedrepro calibrate CONFIG`"]
-    jobs = Estimator(exp, shards_root).jobs()
-    timed = [(j, j.work.seconds(calibration)) for j in jobs if j.work is not None]
-    known = [(j, s) for j, s in timed if s is not None]
-    missing = sorted({j.work.spec.label() for j, s in timed if s is None})
-    unsized = len(jobs) - len(timed)
-    when = calibration.get("updated", "?")[:10]
-    head = f"cost on {device} ({local.threads} threads, calibrated {when})"
-    if not known:
-        return lines + [f"{head}: none of its models is calibrated ({'; '.join(missing)}): run `fedrepro calibrate CONFIG`"]
-    total = sum(s for _, s in known)
-    longest, longest_s = max(known, key=lambda js: js[1])
-    at_once = cells_at_once(local)
-    wall = wall_seconds([s for _, s in known], at_once)
-    side = "one at a time" if at_once == 1 else f"{at_once} side by side"
-    lines.append(f"{head}: {len(known)} job(s), {human(total)} in all, longest {human(longest_s)} ({longest.name}); "
-                 f"wall time here with the local profile ({side}): about {human(wall)}")
-    if missing:
-        lines.append(f"cost: {len(timed) - len(known)} job(s) not estimated, models not calibrated ({'; '.join(missing)}): "
-                     "run `fedrepro calibrate CONFIG`")
-    if unsized:
-        lines.append(f"cost: {unsized} job(s) not estimated: their dataset's size is known only once its shards exist")
+    return local, choose_calibration(threads or local.threads, calibration_file, calibration_root)
+
+
+def experiment_lines(exp: dict[str, Any], local, chosen: Chosen, shards_root: str | os.PathLike = SHARDS_ROOT,
+                     gpus: int = 1) -> list[str]:
+    """What `fedrepro validate` and the workflow's start say of an experiment's cost: the total, the
+    longest job, the wall time with the local profile's plan (`local`) where the calibration is this
+    machine's, and with a GPU's, GPU-hours and the wall time on `gpus` GPUs packed as slurm-packed packs
+    them; from a cached or named calibration only (never measured here), or how to make one."""
+    lines = [f"warning: {p}" for p in chosen.problems]
+    if chosen.calibration is None:
+        return lines + [no_calibration_line(chosen)]
+    est = estimate(Estimator(exp, shards_root).jobs(), chosen.calibration)
+    head, hint = calibration_head(chosen), calibrate_hint(chosen)
+    if not est.timed:
+        return lines + [f"{head}: none of its models is calibrated ({est.missing_models()}): {hint}"]
+    longest, longest_s = est.longest
+    parts = [f"{len(est.timed)} job(s), {human(est.total)} in all, longest {human(longest_s)} ({longest.name})"]
+    if chosen.here:
+        parts.append(local_wall_text(est, local))
+    if chosen.gpu:
+        parts.append(gpu_text(est, gpus))
+    lines.append(f"{head}: " + "; ".join(parts))
+    if est.uncalibrated:
+        lines.append(f"cost: {len(est.uncalibrated)} job(s) not estimated, models not calibrated ({est.missing_models()}): {hint}")
+    if est.unsized:
+        lines.append(f"cost: {est.unsized} job(s) not estimated: their dataset's size is known only once its shards exist")
     return lines
+
+
+def workflow_lines(exp: dict[str, Any]) -> list[str]:
+    """What the workflow says of the experiment's cost when Snakemake starts (workflow/rules/common.smk):
+    validate's lines, each naming the experiment; from cached calibrations only (nothing is measured
+    while Snakemake plans). An estimate is advice: whatever stops it (an unreadable calibration cache
+    is already a warning and the hint) is one line, never the workflow's failure."""
+    try:
+        local, chosen = cost_basis()
+        lines = experiment_lines(exp, local, chosen)
+    except Exception as exc:  # noqa: BLE001 - advice only; the type is named so that a bug still shows
+        lines = [f"cost: not estimated ({type(exc).__name__}: {exc}); `fedrepro validate CONFIG` says more"]
+    return [f"experiment '{exp['experiment']}': {line}" for line in lines]
+
+
+# -- the time left of a run: `fedrepro status` ---------------------------------------------------------
+
+#: The states of `fedrepro status` (fedrepro.progress.collect) whose cells still train.
+RUNNING_STATES = ("running", "finishing")
+
+
+class TimeLeft:
+    """`fedrepro status`'s estimate of a run's time left: each job's estimate, from the config the run
+    recorded (status/plan.json) under this machine's calibration at the local profile's threads, made
+    once; or why there is none (`why`)."""
+
+    def __init__(self, seconds: dict[str, float] | None, at_once: int = 1, why: str = "", finished=None,
+                 not_estimated: int = 0):
+        self.estimates, self.at_once, self.why, self.not_estimated = seconds, at_once, why, not_estimated
+        self.finished = finished or (lambda name: False)  # a job's metrics.json exists (no row names it)
+
+    @classmethod
+    def of_results(cls, results_dir: str | os.PathLike) -> "TimeLeft":
+        """The estimates of results/<experiment>: its calibrations and shards are the workflow's,
+        results/.calibration and results/shards beside it."""
+        from .config import resolve_experiment
+        from .local_plan import cells_at_once
+        from .progress import recorded_config
+
+        root = Path(results_dir)
+        config, why = recorded_config(root)
+        if config is None:
+            return cls(None, why=why)
+        try:
+            exp = resolve_experiment(config)
+            local, chosen = cost_basis(calibration_root=root.parent / CALIBRATION_DIR.name)
+        except ConfigError as exc:
+            return cls(None, why=f"the config recorded in the run's plan is refused ({exc})")
+        if chosen.calibration is None:
+            return cls(None, why=no_calibration_line(chosen).removeprefix("cost: "))
+        est = estimate(Estimator(exp, root.parent / SHARDS_ROOT.name).jobs(), chosen.calibration)
+        finished = lambda name: any((root / sub / name / "metrics.json").exists() for sub in ("runs", "tuning/runs"))
+        return cls(est.seconds(), cells_at_once(local), finished=finished, not_estimated=len(est.uncalibrated) + est.unsized)
+
+    def line(self, rows: list[dict]) -> str:
+        """'time left: about <t> (...)': the estimate of every pending job, and of every running one less
+        its elapsed time (never below 0), summed over the cells the local profile runs side by side (never
+        less than the longest of them); a job of the plan with no row yet (a tuning trial not started)
+        is pending."""
+        if self.estimates is None:
+            return f"time left: no estimate: {self.why}"
+        states = {r["cell"]: r for r in rows}
+        left, counts = [], {"pending": 0, "running": 0}
+        for name, seconds in self.estimates.items():
+            row = states.get(name)
+            state = row["state"] if row else "done" if self.finished(name) else "pending"
+            if state in RUNNING_STATES:
+                elapsed = row.get("elapsed_s")
+                elapsed = elapsed if isinstance(elapsed, (int, float)) and math.isfinite(elapsed) else 0.0
+                left.append(max(0.0, seconds - elapsed))
+                counts["running"] += 1
+            elif state == "pending":
+                left.append(seconds)
+                counts["pending"] += 1
+        unknown = f"; {self.not_estimated} job(s) of the plan not estimated" if self.not_estimated else ""
+        if not left:
+            return f"time left: none estimated (no pending or running job){unknown}"
+        wall = max(sum(left) / self.at_once, max(left))
+        side = "one at a time" if self.at_once == 1 else f"{self.at_once} side by side"
+        return (f"time left: about {human(wall)} ({counts['running']} running, {counts['pending']} pending job(s), "
+                f"{side} with the local profile){unknown}")

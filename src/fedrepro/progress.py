@@ -24,7 +24,7 @@ import threading
 import time
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, Sequence, TextIO
 
 from .io import FileTooLarge, NotRegularFile, load_json, read_regular, write_json_atomic
 
@@ -271,11 +271,12 @@ def collect(results_dir: str | Path, problems: list[str] | None = None) -> list[
     return sorted((r for r in rows.values() if r), key=lambda r: (order.get(r["state"], 5), r["cell"]))
 
 
-def render(rows: list[dict], results_dir: str | Path, problems: list[str] | None = None) -> str:
-    """A compact text table: a count per state, then one line per cell; then a line per file skipped."""
+def render(rows: list[dict], results_dir: str | Path, problems: list[str] | None = None, footer: Sequence[str] = ()) -> str:
+    """A compact text table: a count per state, then one line per cell; then the `footer` lines (the time
+    left), then a line per file skipped."""
     skipped = [f"skipped: {p}" for p in dict.fromkeys(problems or [])]
     if not rows:
-        return "\n".join([f"{results_dir}: no cells yet (no status files, plan or metrics.json under it)", *skipped])
+        return "\n".join([f"{results_dir}: no cells yet (no status files, plan or metrics.json under it)", *footer, *skipped])
     counts: dict[str, int] = {}
     for r in rows:
         counts[r["state"]] = counts.get(r["state"], 0) + 1
@@ -290,11 +291,29 @@ def render(rows: list[dict], results_dir: str | Path, problems: list[str] | None
     widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
     lines = ["  ".join(v.ljust(w) if i < 2 else v.rjust(w) for i, (v, w) in enumerate(zip(row, widths))).rstrip()
              for row in table]
-    return "\n".join([head, "", *lines, *([""] + skipped if skipped else [])])
+    return "\n".join([head, "", *lines, *([""] + list(footer) if footer else []), *([""] + skipped if skipped else [])])
 
 
-def write_plan(results_dir: str | Path, cells: list[dict]) -> None:
-    """The cells a workflow run will train (Snakemake's onstart), so `fedrepro status` lists the pending ones."""
+def write_plan(results_dir: str | Path, cells: list[dict], config: dict | None = None) -> None:
+    """The cells a workflow run will train (Snakemake's onstart), so `fedrepro status` lists the pending
+    ones, and the experiment's merged config (its --set items applied), from which `fedrepro status`
+    estimates the time left (fedrepro.cost.TimeLeft): the run's own experiment, whatever config file
+    was edited since."""
     keep = ("dataset", "partition", "label", "seed")
-    write_json_atomic(Path(results_dir) / "status" / PLAN_FILE,
-                      {"cells": [{k: c[k] for k in keep} | {"rounds": c["training"]["rounds"]} for c in cells]})
+    plan = {"cells": [{k: c[k] for k in keep} | {"rounds": c["training"]["rounds"]} for c in cells]}
+    write_json_atomic(Path(results_dir) / "status" / PLAN_FILE, plan | ({"config": config} if config is not None else {}))
+
+
+def recorded_config(results_dir: str | Path) -> tuple[dict | None, str]:
+    """The experiment config a workflow run recorded in its plan (write_plan), or None and why there is none."""
+    path = Path(results_dir) / "status" / PLAN_FILE
+    if not path.exists():
+        return None, f"the run's config is not known: no {path} (the workflow writes it when its jobs start)"
+    problems: list[str] = []
+    plan = _read(path, PLAN_MAX_BYTES, problems)
+    if plan is None:
+        return None, f"the run's config is not known: {problems[0] if problems else f'{path} cannot be read'}"
+    if not isinstance(plan.get("config"), dict):
+        return None, (f"the run's config is not known: {path} records none (a run started before plans recorded it: "
+                      "restarting the workflow records it)")
+    return plan["config"], ""

@@ -5,6 +5,7 @@ import os
 import sys
 
 from fedrepro.config import load_and_resolve
+from fedrepro.cost import workflow_lines
 from fedrepro.overrides import snakemake_items
 from fedrepro.planning import WorkflowPlan, one_of, set_job_environment, untrained_warnings
 from fedrepro.registry import ConfigError
@@ -26,11 +27,15 @@ try:
 except ConfigError as exc:
     sys.exit(f"fedrepro: invalid experiment config: {exc}")
 
-# The warnings `fedrepro validate` prints (clients that never train under the client sampling), from
-# the same function, once: in the main Snakemake process, not again in each job that re-parses this file.
+# The warnings `fedrepro validate` prints (clients that never train under the client sampling), and
+# its estimate of the experiment's cost (fedrepro.cost: from a cached calibration only, never measured
+# here, and never a failure), from the same functions, once: in the main Snakemake process, not again
+# in each job that re-parses this file.
 if workflow.is_main_process:
     for line in untrained_warnings(EXP):
         print(f"fedrepro: warning: {line}", file=sys.stderr)
+    for line in workflow_lines(EXP):
+        print(f"fedrepro: {line}", file=sys.stderr)
 
 # Plugins: the config's `plugins:` key only names installed plugins it requires, and imports nothing
 # (fedrepro.plugins.require, above). Modules named by the operator's FEDREPRO_PLUGINS reach every

@@ -95,12 +95,13 @@ rule finetune:
         "--shards {input.shards:q} --out-dir {params.out_dir:q} --threads {threads} > {log:q} 2>&1"
 
 
-# When jobs will run (not in a dry run): the plan of cells (`fedrepro status` lists the pending ones),
-# and a thread that prints one line per evaluation of every training cell to this console, from the
-# status files the training processes rewrite each round (fedrepro/progress.py; the status folder is
-# in the jobs' environment: fedrepro.planning.set_job_environment).
+# When jobs will run (not in a dry run): the plan of cells (`fedrepro status` lists the pending ones
+# and estimates the time left from the experiment's config recorded with them), and a thread that
+# prints one line per evaluation of every training cell to this console, from the status files the
+# training processes rewrite each round (fedrepro/progress.py; the status folder is in the jobs'
+# environment: fedrepro.planning.set_job_environment).
 onstart:
     from fedrepro.progress import ConsoleWatcher, write_plan
 
-    write_plan(OUT, EXP["cells"])
+    write_plan(OUT, EXP["cells"], EXPERIMENT_CONFIG)
     ConsoleWatcher(f"{OUT}/status").start()
