@@ -104,15 +104,34 @@ SNAKEMAKE_CASES = ["unknown-method", "negative-rounds", "alpha-zero", "participa
                    "conv-model-on-small-images", "official-test-without-one", "momentum-under-adam"]
 
 
+def dry_run(r: dict, folder) -> subprocess.CompletedProcess:
+    """`snakemake -n --configfile bad.yaml` in `folder`, which holds only the case's bad.yaml."""
+    folder.mkdir()
+    write_case(r, folder / "bad.yaml")
+    env = {**os.environ, "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"]}
+    return subprocess.run([sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "--directory", str(folder),
+                           "-n", "--configfile", "bad.yaml"], cwd=folder, env=env, capture_output=True, text=True,
+                          timeout=300)
+
+
+@pytest.fixture(scope="module")
+def dry_runs(rows, tmp_path_factory) -> dict:
+    """{case id: (the dry run's process, its folder)} for every SNAKEMAKE_CASES case: independent
+    processes, each in its own folder, run as many at a time as there are cores (most of each is
+    Snakemake's and the package's start-up)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    base = tmp_path_factory.mktemp("dry_runs")
+    with ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 1)) as pool:
+        futures = {case_id: pool.submit(dry_run, row(rows, case_id), base / case_id) for case_id in SNAKEMAKE_CASES}
+        return {case_id: (future.result(), base / case_id) for case_id, future in futures.items()}
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("case_id", SNAKEMAKE_CASES)
-def test_snakemake_dry_run_stops_with_the_documented_message_before_any_job(rows, tmp_path, case_id):
+def test_snakemake_dry_run_stops_with_the_documented_message_before_any_job(rows, dry_runs, case_id):
     r = row(rows, case_id)
-    write_case(r, tmp_path / "bad.yaml")
-    env = {**os.environ, "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"]}
-    proc = subprocess.run([sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "--directory", str(tmp_path),
-                           "-n", "--configfile", "bad.yaml"], cwd=tmp_path, env=env, capture_output=True, text=True,
-                          timeout=300)
+    proc, tmp_path = dry_runs[case_id]
     text = proc.stdout + proc.stderr
     assert proc.returncode != 0
     assert doc.SNAKEMAKE_PREFIX + r["message"] in text.splitlines(), text[-3000:]

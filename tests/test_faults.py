@@ -20,6 +20,7 @@ import json
 import os
 import re
 import resource
+import shutil
 import signal
 import subprocess
 import sys
@@ -90,6 +91,25 @@ def shard_dir(workdir: Path, config: dict) -> Path:
     return workdir / "results" / "shards" / "digits" / pid
 
 
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory) -> Path:
+    """A working folder whose results/raw and results/shards hold the digits data and the partition
+    (with its plot) that every `tiny_config` experiment uses, made once by the workflow itself."""
+    work = tmp_path_factory.mktemp("prepared")
+    config = tiny_config("prepared")
+    cfg = write_config(work, config)
+    shards = shard_dir(work, config).relative_to(work)
+    snakemake(work, str(shards), f"{shards}.png", "--configfile", cfg, *LOCAL_ARGS)  # (targets first: --resources takes several values)
+    return work
+
+
+def use_prepared(prepared: Path, workdir: Path, *subs: str) -> None:
+    """Copy the prepared results/<sub> folders (raw, shards) into `workdir`: its workflow then starts at
+    training, as on a rerun (the data preparation and partition jobs are not what these tests are about)."""
+    for sub in subs or ("raw", "shards"):
+        shutil.copytree(prepared / "results" / sub, workdir / "results" / sub)
+
+
 def strip_timing(metrics: dict) -> dict:
     return {k: v for k, v in metrics.items() if k != "resources"}
 
@@ -119,9 +139,10 @@ def training_pids(workdir: Path) -> list[int]:
 
 
 @pytest.fixture(scope="module")
-def uninterrupted(tmp_path_factory):
+def uninterrupted(prepared, tmp_path_factory):
     """Metrics of the long cell run without interruption (the reference)."""
     work = tmp_path_factory.mktemp("uninterrupted")
+    use_prepared(prepared, work)
     config = tiny_config("kill", rounds=150, eval_every=10, checkpoint_every=5)
     snakemake(work, "--configfile", write_config(work, config), *LOCAL_ARGS)
     return config, json.loads((run_dir(work, config) / "metrics.json").read_text())
@@ -129,10 +150,12 @@ def uninterrupted(tmp_path_factory):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("victim", ["job", "workflow"])
-def test_sigkill_mid_run_then_workflow_rerun_resumes_to_the_uninterrupted_metrics(uninterrupted, tmp_path, victim):
+def test_sigkill_mid_run_then_workflow_rerun_resumes_to_the_uninterrupted_metrics(uninterrupted, prepared, tmp_path,
+                                                                                  victim):
     """SIGKILL the training process (victim=job) or Snakemake and everything under it
     (victim=workflow, e.g. the machine lost power); rerun the workflow."""
     config, reference = uninterrupted
+    use_prepared(prepared, tmp_path)
     cfg = write_config(tmp_path, config)
     ckpt = checkpoint(tmp_path, config)
     proc = subprocess.Popen(snakemake_cmd(tmp_path, "--configfile", cfg, *LOCAL_ARGS), cwd=tmp_path, env=env(),
@@ -178,11 +201,12 @@ def test_sigkill_mid_run_then_workflow_rerun_resumes_to_the_uninterrupted_metric
 
 
 @pytest.mark.slow
-def test_corrupted_shard_byte_is_detected_and_the_file_named(tmp_path):
+def test_corrupted_shard_byte_is_detected_and_the_file_named(prepared, tmp_path):
     config = tiny_config("corrupt", {"local": {}, "fedavg": {}})
     cfg = write_config(tmp_path, config)
     shards = shard_dir(tmp_path, config)
-    snakemake(tmp_path, str(shards.relative_to(tmp_path)), "--configfile", cfg, *LOCAL_ARGS)  # (targets first: --resources takes several values)
+    use_prepared(prepared, tmp_path)  # the partition as the workflow wrote it
+    verify_partition(shards)  # intact before the flip
     victim = shards / "client_00002.parquet"
     data = bytearray(victim.read_bytes())
     data[len(data) // 2] ^= 0x01  # one flipped bit in the middle of the file
@@ -239,11 +263,12 @@ def fill(path: Path) -> Path:
 
 
 @pytest.mark.slow
-def test_full_disk_fails_the_training_job_cleanly_and_a_rerun_completes(tmp_path):
+def test_full_disk_fails_the_training_job_cleanly_and_a_rerun_completes(prepared, tmp_path):
     """results/<experiment>/runs on a full file system: the train job fails with ENOSPC and
     leaves nothing behind; once space is freed, the rerun resumes and completes."""
     config = tiny_config("fulldisk")
     cfg = write_config(tmp_path, config)
+    use_prepared(prepared, tmp_path)
     runs = tmp_path / "results" / config["experiment"] / "runs"
     with small_filesystem(runs):
         filler = fill(runs)
@@ -263,12 +288,13 @@ def test_full_disk_fails_the_training_job_cleanly_and_a_rerun_completes(tmp_path
 
 
 @pytest.mark.slow
-def test_forced_retrain_failing_on_a_full_disk_keeps_the_earlier_result(tmp_path):
+def test_forced_retrain_failing_on_a_full_disk_keeps_the_earlier_result(prepared, tmp_path):
     """A finished cell retrained with --forcerun while its runs folder is full: the job fails,
     and the earlier metrics.json and provenance.json are still there, byte for byte (Snakemake
     deletes a job's outputs before it starts unless they are flagged update(), as train's are)."""
     config = tiny_config("forced")
     cfg = write_config(tmp_path, config)
+    use_prepared(prepared, tmp_path)
     runs = tmp_path / "results" / config["experiment"] / "runs"
     with small_filesystem(runs):
         snakemake(tmp_path, "--configfile", cfg, *LOCAL_ARGS)
@@ -287,9 +313,10 @@ def test_forced_retrain_failing_on_a_full_disk_keeps_the_earlier_result(tmp_path
 
 
 @pytest.mark.slow
-def test_full_disk_fails_partitioning_cleanly(tmp_path):
+def test_full_disk_fails_partitioning_cleanly(prepared, tmp_path):
     config = tiny_config("fulldisk_shards")
     cfg = write_config(tmp_path, config)
+    use_prepared(prepared, tmp_path, "raw")  # the data, not the partition: that job must run
     shards = shard_dir(tmp_path, config)
     with small_filesystem(shards.parent):
         fill(shards.parent)
@@ -348,10 +375,11 @@ def embedded_csvs(report_html: str) -> dict[str, str]:
 
 
 @pytest.mark.slow
-def test_diverging_cell_is_failed_with_its_reason_and_tables_and_report_render(tmp_path):
+def test_diverging_cell_is_failed_with_its_reason_and_tables_and_report_render(prepared, tmp_path):
     label = "fedavg_lr1e6"
     config = tiny_config("diverge", {"fedavg": {}, label: {"method": "fedavg", "training": {"optimizer": {"lr": 1.0e6}}}})
     cfg = write_config(tmp_path, config)
+    use_prepared(prepared, tmp_path)
     snakemake(tmp_path, "--configfile", cfg, *LOCAL_ARGS)  # a diverged cell is a result, not a failed job
     snakemake(tmp_path, "--configfile", cfg, "--report", "results/diverge/report.html")
     out = tmp_path / "results" / "diverge"

@@ -170,22 +170,16 @@ def cluster(tmp_path_factory):
         assert not state.exists()
 
 
-@pytest.fixture(scope="module")
-def slurm_run(cluster, tmp_path_factory):
-    """The tiny experiment (local + fedavg, 2 rounds) run through the SLURM profile."""
-    work = tmp_path_factory.mktemp("slurm_wf")
+def start_slurm_run(cluster, work: Path) -> SimpleNamespace:
+    """Start the tiny experiment (local + fedavg, 2 rounds) through the SLURM profile."""
     config = tiny_config(EXPERIMENT, {"local": {}, "fedavg": {}}, rounds=2)
     (work / "tiny.yaml").write_text(yaml.safe_dump(config))
-    rc, text = snakemake(cluster, work, "--configfile", "tiny.yaml", *OVERRIDES, log_name="run.log")
-    assert rc == 0, f"the SLURM run failed:\n{text[-6000:]}"
-    names = set(re.findall(r"^sbatch call: sbatch --parsable --job-name (\S+)", text, re.M))
-    assert len(names) == 1, names  # one name (fedrepro_<run uuid>) for all jobs of a run
-    return SimpleNamespace(work=work, config=config, log=text, jobname=names.pop())
+    proc, log = start_snakemake(cluster, work, "--configfile", "tiny.yaml", *OVERRIDES, log_name="run.log")
+    return SimpleNamespace(work=work, config=config, proc=proc, log_path=log)
 
 
-@pytest.fixture(scope="module")
-def packed_run(cluster, tmp_path_factory):
-    """4 training cells (local + fedavg, seeds 0 and 1) through slurm-packed, 4 cells per group."""
+def start_packed_run(cluster, work: Path) -> SimpleNamespace:
+    """Start 4 training cells (local + fedavg, seeds 0 and 1) through slurm-packed, 4 cells per group."""
     profile = yaml.safe_load((PACKED / "config.yaml").read_text())
     threads, mem_mb = 1, 1000
     # The README's override of account and partitions. --set-resources replaces the profile's
@@ -201,16 +195,80 @@ def packed_run(cluster, tmp_path_factory):
         "--group-components", "train_pack=4",
         "--slurm-init-seconds-before-status-checks", "2", "--slurm-keep-successful-logs", "--verbose",
     ]
-    work = tmp_path_factory.mktemp("slurm_packed_wf")
     config = {**tiny_config(PACKED_EXPERIMENT, {"local": {}, "fedavg": {}}, rounds=2), "seeds": [0, 1]}
     (work / "tiny.yaml").write_text(yaml.safe_dump(config))
-    rc, text = snakemake(cluster, work, "--configfile", "tiny.yaml", *overrides, log_name="packed.log", profile=PACKED)
-    assert rc == 0, f"the slurm-packed run failed:\n{text[-6000:]}"
+    proc, log = start_snakemake(cluster, work, "--configfile", "tiny.yaml", *overrides, log_name="packed.log",
+                                profile=PACKED)
+    return SimpleNamespace(work=work, config=config, proc=proc, log_path=log, threads=threads, mem_mb=mem_mb)
+
+
+def start_cost_run(cluster, work: Path) -> SimpleNamespace:
+    """Start the time-limit test's experiment (see test_training_time_limits_follow_each_cells_estimate)
+    with its made-up calibration, and each cell's expected time limit, computed before it starts."""
+    from fedrepro import calibration, planning
+    from fedrepro.config import resolve_experiment
+
+    config = tiny_config("slurm_cost", {"fedavg": {}, "ditto": {}, "fedavg_9_rounds": {"method": "fedavg",
+                         "training": {"rounds": 9}}}, rounds=3)
+    config["partitions"] = {"dir": {"partitioner": "iid", "num_clients": 3, "seed": 0}}
+    (work / "cost.yaml").write_text(yaml.safe_dump(config))
+    exp = resolve_experiment(config)
+    spec = calibration.model_spec(exp["cells"][0], exp["datasets"])
+    root = work / calibration.CALIBRATION_DIR
+    path = calibration.calibration_path("cpu: made up", 1, "0", root)
+    calibration.save_entry(path, {"device": "cpu: made up", "threads": 1, "torch": "0", "startup_s": 30.0}, spec.key,
+                           {"train_step_s": 2.0, "forward_sample_s": 1e-6, "head_step_s": 1e-2})
+    shards = work / "results" / "shards"
+    limits = planning.RuntimeLimits(exp, calibration_root=root, environ={}, shards_root=shards)
+    expected = {c["label"]: limits.minutes("train", c, threads=1) for c in exp["cells"]}
+    proc, log = start_snakemake(cluster, work, "--configfile", "cost.yaml", *OVERRIDES, log_name="cost.log")
+    return SimpleNamespace(work=work, exp=exp, root=root, shards=shards, expected=expected, proc=proc, log_path=log)
+
+
+@pytest.fixture(scope="module")
+def started(cluster, tmp_path_factory):
+    """The module's three independent workflow runs (the tiny experiment, the packed one and the
+    time-limit one), started together once the cluster is up: each has its own working folder,
+    run name and cells, and their jobs queue on the one node as any users' jobs would. Most of a
+    run's time is waiting (job start-up, status checks), which the three then share."""
+    runs = {"slurm": start_slurm_run(cluster, tmp_path_factory.mktemp("slurm_wf"))}
+    try:
+        runs["packed"] = start_packed_run(cluster, tmp_path_factory.mktemp("slurm_packed_wf"))
+        runs["cost"] = start_cost_run(cluster, tmp_path_factory.mktemp("slurm_cost_wf"))
+        yield runs
+    finally:
+        for r in runs.values():
+            if r.proc.poll() is None:
+                os.killpg(r.proc.pid, signal.SIGKILL)
+                r.proc.wait()
+
+
+@pytest.fixture(scope="module")
+def slurm_run(started, cluster, tmp_path_factory):
+    """The tiny experiment (local + fedavg, 2 rounds) run through the SLURM profile. Once it has
+    finished, the failing forced retrain of one of its cells starts in a copy (see
+    test_failed_forced_retrain_keeps_the_earlier_result): it waits on SLURM meanwhile."""
+    r = started["slurm"]
+    text = wait(r.proc, r.log_path, timeout=900)
+    assert r.proc.returncode == 0, f"the SLURM run failed:\n{text[-6000:]}"
+    names = set(re.findall(r"^sbatch call: sbatch --parsable --job-name (\S+)", text, re.M))
+    assert len(names) == 1, names  # one name (fedrepro_<run uuid>) for all jobs of a run
+    run = SimpleNamespace(work=r.work, config=r.config, log=text, jobname=names.pop())
+    run.forced = started["forced"] = start_forced_retrain(cluster, run, tmp_path_factory.mktemp("slurm_forced"))
+    return run
+
+
+@pytest.fixture(scope="module")
+def packed_run(started):
+    """4 training cells (local + fedavg, seeds 0 and 1) through slurm-packed, 4 cells per group."""
+    r = started["packed"]
+    text = wait(r.proc, r.log_path, timeout=900)
+    assert r.proc.returncode == 0, f"the slurm-packed run failed:\n{text[-6000:]}"
     names = set(re.findall(r"^sbatch call: sbatch --parsable --job-name (\S+)", text, re.M))
     assert len(names) == 1, names
     # no calibration in this working folder: each cell asks for the fixed limit of before (docs/cost.md)
-    return SimpleNamespace(work=work, config=config, log=text, jobname=names.pop(), threads=threads, mem_mb=mem_mb,
-                           runtime=FALLBACK_RUNTIME_MIN["train"])
+    return SimpleNamespace(work=r.work, config=r.config, log=text, jobname=names.pop(), threads=r.threads,
+                           mem_mb=r.mem_mb, runtime=FALLBACK_RUNTIME_MIN["train"])
 
 
 # ----------------------------------------------------------------------------- tests
@@ -263,7 +321,7 @@ def test_every_training_cell_is_its_own_slurm_job_with_the_declared_resources(cl
         assert " --gpus=1" in opts and f"-p {GPU_PART}" in opts and f"-A {ACCOUNT}" in opts and "-t 240" in opts
 
 
-def test_training_time_limits_follow_each_cells_estimate(cluster, tmp_path):
+def test_training_time_limits_follow_each_cells_estimate(cluster, started):
     """With a calibration in the workflow's results/.calibration/ at the jobs' threads, every training
     job is submitted with its own time limit, the planning's estimate x margin + floor (docs/cost.md):
     Ditto's cells (two models a batch) and FedAvg's of 3 and 9 rounds ask for different limits, and
@@ -271,26 +329,14 @@ def test_training_time_limits_follow_each_cells_estimate(cluster, tmp_path):
     estimates are minutes apart; the cells themselves train in seconds. An iid partition: its clients'
     sizes are the estimate's before the shards exist and the manifest's after, to the step (Snakemake
     may ask for the limits before or after partitioning)."""
-    from fedrepro import calibration, planning
-    from fedrepro.config import resolve_experiment
+    from fedrepro import planning
 
-    config = tiny_config("slurm_cost", {"fedavg": {}, "ditto": {}, "fedavg_9_rounds": {"method": "fedavg",
-                         "training": {"rounds": 9}}}, rounds=3)
-    config["partitions"] = {"dir": {"partitioner": "iid", "num_clients": 3, "seed": 0}}
-    (tmp_path / "cost.yaml").write_text(yaml.safe_dump(config))
-    exp = resolve_experiment(config)
-    spec = calibration.model_spec(exp["cells"][0], exp["datasets"])
-    root = tmp_path / calibration.CALIBRATION_DIR
-    path = calibration.calibration_path("cpu: made up", 1, "0", root)
-    calibration.save_entry(path, {"device": "cpu: made up", "threads": 1, "torch": "0", "startup_s": 30.0}, spec.key,
-                           {"train_step_s": 2.0, "forward_sample_s": 1e-6, "head_step_s": 1e-2})
-    shards = tmp_path / "results" / "shards"
-    limits = planning.RuntimeLimits(exp, calibration_root=root, environ={}, shards_root=shards)
-    expected = {c["label"]: limits.minutes("train", c, threads=1) for c in exp["cells"]}
+    r = started["cost"]  # config, calibration and expected limits written before its run started
+    exp, root, shards, expected, tmp_path = r.exp, r.root, r.shards, r.expected, r.work
     assert len(set(expected.values())) == 3, expected  # the three cells' estimates differ
 
-    rc, text = snakemake(cluster, tmp_path, "--configfile", "cost.yaml", *OVERRIDES, log_name="cost.log")
-    assert rc == 0, text[-6000:]
+    text = wait(r.proc, r.log_path, timeout=900)
+    assert r.proc.returncode == 0, text[-6000:]
     calls = {re.search(r"--comment rule_train_wildcards_digits_dir_(\w+?)_0", c).group(1): submitted(c)
              for c in sbatch_calls(text, "train")}
     assert sorted(calls) == sorted(expected), calls
@@ -471,7 +517,23 @@ def test_cancelled_job_is_retried_by_the_profile_and_resumes(cluster, slurm_run)
     assert not ckpt.exists()  # removed once the cell completed
 
 
-def test_failed_forced_retrain_keeps_the_earlier_result(cluster, slurm_run, tmp_path):
+def start_forced_retrain(cluster, slurm_run: SimpleNamespace, work: Path) -> SimpleNamespace:
+    """Start test_failed_forced_retrain_keeps_the_earlier_result's run in `work`: a copy of the finished
+    run's data and its fedavg cell, retrained with --forcerun in a job that fails."""
+    label = "fedavg"
+    cell = Path("results", EXPERIMENT, "runs", "digits", "dir", label, "seed0")
+    for sub in ("raw", "shards"):
+        shutil.copytree(slurm_run.work / "results" / sub, work / "results" / sub)
+    shutil.copytree(slurm_run.work / cell, work / cell)
+    earlier = {name: (work / cell / name).read_bytes() for name in ("metrics.json", "provenance.json")}
+    (work / "results" / EXPERIMENT / "checkpoints" / "digits" / "dir" / label / "seed0.pt").mkdir(parents=True)
+    (work / "tiny.yaml").write_text(yaml.safe_dump({**slurm_run.config, "methods": {label: {}}}))
+    proc, log = start_snakemake(cluster, work, "--configfile", "tiny.yaml", *OVERRIDES, "--forcerun", "train",
+                                "--retries", "0", log_name="forced.log")
+    return SimpleNamespace(work=work, label=label, cell=cell, earlier=earlier, proc=proc, log_path=log)
+
+
+def test_failed_forced_retrain_keeps_the_earlier_result(cluster, slurm_run):
     """A cell the SLURM run finished, retrained with --forcerun train in a job that fails: its
     metrics.json and provenance.json are still there, byte for byte. Train's outputs are update():
     the cell's Snakemake on the node backs them up and puts them back; the sbatch job's Snakemake and
@@ -479,18 +541,10 @@ def test_failed_forced_retrain_keeps_the_earlier_result(cluster, slurm_run, tmp_
     The job fails for certain: a directory where the cell's checkpoint goes (`fedrepro train` exits 2).
     In a copy of the run's data and that one cell, so the run's own results stay as they are; one
     try (each of the profile's retries would go the same way)."""
-    label = "fedavg"
-    cell = Path("results", EXPERIMENT, "runs", "digits", "dir", label, "seed0")
-    for sub in ("raw", "shards"):
-        shutil.copytree(slurm_run.work / "results" / sub, tmp_path / "results" / sub)
-    shutil.copytree(slurm_run.work / cell, tmp_path / cell)
-    earlier = {name: (tmp_path / cell / name).read_bytes() for name in ("metrics.json", "provenance.json")}
-    (tmp_path / "results" / EXPERIMENT / "checkpoints" / "digits" / "dir" / label / "seed0.pt").mkdir(parents=True)
-    (tmp_path / "tiny.yaml").write_text(yaml.safe_dump({**slurm_run.config, "methods": {label: {}}}))
-
-    rc, text = snakemake(cluster, tmp_path, "--configfile", "tiny.yaml", *OVERRIDES, "--forcerun", "train",
-                         "--retries", "0", log_name="forced.log")
-    assert rc != 0, text[-6000:]
+    r = slurm_run.forced  # started in a copy (start_forced_retrain) once the run had finished
+    label, cell, earlier, tmp_path = r.label, r.cell, r.earlier, r.work
+    text = wait(r.proc, r.log_path, timeout=900)
+    assert r.proc.returncode != 0, text[-6000:]
     failures = re.findall(r"^Error in rule train:\n\s+message: SLURM-job '\d+' failed.*\n\s+jobid: \d+\n.*\n"
                           rf"\s+output: {re.escape(str(cell / 'metrics.json'))} \(update\)", text, re.M)
     assert len(failures) == 1, text[-6000:]

@@ -8,6 +8,7 @@ the value and what is allowed, and is raised before any job runs.
 from __future__ import annotations
 
 import copy
+import functools
 import itertools
 import math
 import re
@@ -93,8 +94,14 @@ BUDGETS = {
 TRAINING_NUMBER_MAX = HARD_NUMBER_MAX
 
 
-def schema() -> dict:
+@functools.cache
+def _parsed_schema() -> dict:
+    """The package's config schema, parsed once per process (it is package data: it does not change)."""
     return yaml.safe_load(resources.files("fedrepro").joinpath("schemas/experiment.schema.yaml").read_text())
+
+
+def schema() -> dict:
+    return copy.deepcopy(_parsed_schema())
 
 
 # JSON Schema's "integer" accepts 3.0; a config's integers must be written as integers.
@@ -254,8 +261,13 @@ def _allowed(err: jsonschema.ValidationError) -> str:
     }.get(v) or err.schema.get("description") or f"{v} {show(val)}"
 
 
+@functools.cache
+def _schema_validator():
+    return _VALIDATOR(_parsed_schema())
+
+
 def _schema_errors(config: dict) -> None:
-    validator = _VALIDATOR(schema())
+    validator = _schema_validator()
     errors = sorted(validator.iter_errors(config), key=lambda e: (len(e.absolute_path), list(map(str, e.absolute_path))))
     if not errors:
         return

@@ -213,6 +213,9 @@ def installed() -> dict[str, str]:
 def require(names: Iterable[str], key: str = "plugins") -> None:
     """Check a config's `plugins:` key: each name is an installed plugin distribution (or one of
     its entry points' names). Nothing is imported for it: a config selects, it never loads code."""
+    names = list(names)
+    if not names:  # nothing to check: no scan of the installed distributions (slow with many)
+        return
     plugins = installed()
     entry_names = {e.name for group in GROUPS.values() for e in entry_points(group=group)}
     for name in names:
