@@ -307,7 +307,7 @@ def test_entries_not_yet_measured_are_listed_and_refused_by_complete(tmp_path, c
 
 
 #: the ledgers whose every entry is measured over at least 3 seeds or cannot act on the stand-in (issue 45)
-COMPLETE_LEDGERS = ("fedcrc", "fedcosr", "fedgcr", "grp_fed")
+COMPLETE_LEDGERS = ("calibre", "fedcrc", "fedcosr", "fedgcr", "grp_fed")
 
 
 @pytest.mark.parametrize("paper", COMPLETE_LEDGERS)
