@@ -95,3 +95,20 @@ def test_status_lists_running_stopped_done_failed_and_pending_cells(tmp_path, ca
     assert main(["status", str(tmp_path / "nowhere")]) == 2
     assert main(["status", str(root), "--watch", "0"]) == 2
     assert "--watch 0: must be" in capsys.readouterr().err
+
+
+def test_a_config_json_cannot_hold_is_left_out_of_the_plan_not_the_start(tmp_path):
+    """write_plan runs in the workflow's onstart: a config value JSON cannot hold (a YAML date, keys of
+    mixed types) leaves the config out of the plan, so `fedrepro status` says it has no estimate, and
+    the cells are still written."""
+    import datetime
+
+    root = tmp_path / "results" / "e"
+    cells = [{"dataset": "d", "partition": "p", "label": "a", "seed": 0, "training": {"rounds": 5}}]
+    for config in ({"experiment": "e", "note": datetime.date(2026, 11, 29)}, {"experiment": "e", "m": {1: 0, "x": 1}}):
+        progress.write_plan(root, cells, config)
+        plan = json.loads((root / "status" / progress.PLAN_FILE).read_text())
+        assert plan["cells"][0]["label"] == "a" and "config" not in plan
+        assert progress.recorded_config(root)[0] is None
+    progress.write_plan(root, cells, {"experiment": "e"})
+    assert progress.recorded_config(root)[0] == {"experiment": "e"}

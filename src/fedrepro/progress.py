@@ -16,6 +16,7 @@ status files are no workflow output (nor tracked by DVC or git).
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import socket
@@ -301,6 +302,10 @@ def write_plan(results_dir: str | Path, cells: list[dict], config: dict | None =
     was edited since."""
     keep = ("dataset", "partition", "label", "seed")
     plan = {"cells": [{k: c[k] for k in keep} | {"rounds": c["training"]["rounds"]} for c in cells]}
+    try:  # the config is only for the estimate: one JSON cannot hold (a YAML date) leaves it out, never the start
+        json.dumps(config, sort_keys=True, allow_nan=False)
+    except (TypeError, ValueError):
+        config = None
     write_json_atomic(Path(results_dir) / "status" / PLAN_FILE, plan | ({"config": config} if config is not None else {}))
 
 
