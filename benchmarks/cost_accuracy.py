@@ -6,7 +6,9 @@
 
 For every job of each experiment whose Snakemake benchmark table exists (results/E/benchmarks/
 {train,finetune,tuning}/*.tsv: the job's own wall time, start-up included, as the workflow measured
-it), the estimate `fedrepro validate` makes from this machine's calibration (fedrepro.cost). Prints one
+it), the estimate `fedrepro validate` makes from this machine's calibration (fedrepro.cost), with the
+clients' sizes from the partitions' manifests beside the results folder (RESULTS/../shards, where the
+workflow wrote them; a partition without one is estimated and the row says so). Prints one
 Markdown row per experiment: jobs compared, the share within ±35 %, the totals and the total's error
 (estimated / measured - 1); with --jobs, a row per job too. A job without a benchmark table (not run
 yet) or without an estimate (its model not calibrated) is counted apart, not compared.
@@ -70,7 +72,12 @@ def main() -> None:
     for config, results in pairs:
         _, exp = load_and_resolve([str(config)])
         compared, apart = [], 0
-        for job in Estimator(exp).jobs():
+        # the partitions' manifests beside the results (the workflow's results/shards): the clients' real
+        # sizes; without them every client is estimated equal, far off for a Dirichlet split
+        estimator = Estimator(exp, shards_root=results.parent / "shards")
+        guessed = {(c["dataset"], c["partition"]) for c in exp["cells"]
+                   if (sizes := estimator.sizes(c["dataset"], c["partition"])) is not None and sizes.source != "manifest"}
+        for job in estimator.jobs():
             table = benchmark_table(results, job)
             estimate = job.work.seconds(calibration) if job.work else None
             if estimate is None or not table.is_file():
@@ -80,8 +87,9 @@ def main() -> None:
         within = sum(abs(e / m - 1) <= JOB_BOUND for _, e, m in compared if m > 0)
         est, meas = sum(e for _, e, _ in compared), sum(m for _, _, m in compared)
         error = f"{est / meas - 1:+.0%}" if meas else "-"
-        print(f"| {config} | {len(compared)} (+{apart} not compared) | {within}/{len(compared)} | {est:.0f} s | {meas:.0f} s "
-              f"| {error} |")
+        sizes = f"; {len(guessed)} partition(s) without a manifest in {results.parent / 'shards'}: sizes estimated" if guessed else ""
+        print(f"| {config} | {len(compared)} (+{apart} not compared{sizes}) | {within}/{len(compared)} | {est:.0f} s | "
+              f"{meas:.0f} s | {error} |")
         job_rows += [(config, *row) for row in compared]
     if args.jobs:
         print("\n| experiment | job | estimated | measured | error |\n|---|---|---|---|---|")

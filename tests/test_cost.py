@@ -35,9 +35,10 @@ def work(tmp_path, label: str = "fedavg", methods: dict | None = None, **trainin
 
 
 def fake_calibration(root, spec: calibration.ModelSpec, threads: int = 1, device: str = "cpu: test",
-                     train: float = 1.0, forward: float = 1e-3, head: float = 1e-2, startup: float = 5.0) -> dict:
+                     train: float = 1.0, forward: float = 1e-3, head: float = 1e-2, startup: float = 5.0,
+                     client_round: float = 0.0) -> dict:
     path = calibration.calibration_path(device, threads, "9.9", root)
-    header = {"device": device, "threads": threads, "torch": "9.9", "startup_s": startup}
+    header = {"device": device, "threads": threads, "torch": "9.9", "startup_s": startup, "client_round_s": client_round}
     return calibration.save_entry(path, header, spec.key, {"train_step_s": train, "forward_sample_s": forward,
                                                            "head_step_s": head})
 
@@ -96,8 +97,11 @@ def test_seconds_follow_the_calibration_and_the_manifest_sizes(tiny_partition, t
     assert sizes.source == "manifest" and len(sizes.clients) == 4
     assert from_manifest("digits", "dir").source == "estimate"  # no <dataset> folder level there
     w = cost.Estimator(exp, shards_root=tmp_path).work(cell)
-    cal = fake_calibration(tmp_path / "cal", w.spec, train=0.5, forward=0.01, head=0.1, startup=2.0)
-    assert w.seconds(cal) == pytest.approx(2.0 + 0.5 * w.train_steps + 0.1 * w.head_steps + 0.01 * w.forward_samples)
+    cal = fake_calibration(tmp_path / "cal", w.spec, train=0.5, forward=0.01, head=0.1, startup=2.0, client_round=0.25)
+    assert w.client_rounds == exp["cells"][0]["training"]["rounds"] * 4  # every one of the 4 clients, every round
+    assert w.seconds(cal) == pytest.approx(2.0 + 0.5 * w.train_steps + 0.1 * w.head_steps + 0.01 * w.forward_samples
+                                           + 0.25 * w.client_rounds)
+    assert w.seconds({**cal, "client_round_s": None}) == pytest.approx(w.seconds(cal) - 0.25 * w.client_rounds)  # an older file
     assert w.seconds({**cal, "models": {}}) is None  # a model the calibration lacks: no estimate
     assert cost.wall_seconds([3, 3, 2, 2], 2) == 5 and cost.wall_seconds([3, 3, 2, 2], 1) == 10
 
@@ -110,6 +114,7 @@ def quick(monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(calibration, "BUDGET_S", 0.05)
     monkeypatch.setattr(calibration, "measure_startup", lambda device, threads: 1.5)
+    monkeypatch.setattr(calibration, "measure_client_round", lambda device, threads: 0.002)
     path = tmp_path / "tiny.yaml"
     path.write_text(yaml.safe_dump(tiny_config()))
     return path
@@ -132,6 +137,7 @@ def test_calibrate_caches_per_device_threads_and_torch_and_validate_prints_the_e
     data = json.loads(path.read_text())
     assert (data["device"], data["threads"], data["torch"], data["startup_s"]) == (device, threads,
                                                                                    calibration.torch_version(), 1.5)
+    assert data["client_round_s"] == 0.002
     exp = resolve_experiment(tiny_config())
     key = calibration.model_spec(cell_of(exp, "fedavg"), exp["datasets"]).key
     assert list(data["models"]) == [key]  # one model, input, classes and batch for the whole experiment
@@ -233,6 +239,26 @@ def test_the_start_up_is_a_whole_training_job_that_trains_next_to_nothing(monkey
     seconds = calibration.measure_startup(torch.device("cpu"), threads=1)
     assert seconds > 0 and len(ran) == 1 and ran[0][1:4] == ["-m", "fedrepro", "train"]  # the job as the workflow runs it
     assert ran[0][ran[0].index("--threads") + 1] == "1"
+
+
+def test_the_engines_time_per_client_and_round_is_a_whole_job_less_its_steps(monkeypatch):
+    import torch
+
+    ran = []
+    real = calibration.run_bounded
+    monkeypatch.setattr(calibration, "run_bounded", lambda command, **kw: ran.append(command) or real(command, **kw))
+    steps = []
+    real_measure = calibration.measure
+    monkeypatch.setattr(calibration, "measure", lambda spec, device, budget=None: steps.append(spec) or
+                        real_measure(spec, device))
+    seconds = calibration.measure_client_round(torch.device("cpu"), threads=1)
+    assert 0 < seconds < 0.1 and len(ran) == 1 and ran[0][1:4] == ["-m", "fedrepro", "train"]
+    cell = json.loads(ran[0][ran[0].index("--cell") + 1])
+    assert cell["training"]["rounds"] == calibration.CLIENT_ROUND_ROUNDS  # many rounds of one step each
+    assert len(steps) == 1 and steps[0].batch_size < cell["training"]["batch_size"]  # a client's one step: its samples
+    # a job whose training were all steps leaves nothing beside them
+    monkeypatch.setattr(calibration, "measure", lambda spec, device, budget=None: {"train_step_s": 10.0})
+    assert calibration.measure_client_round(torch.device("cpu"), threads=1) == 0.0
 
 
 def test_slow_steps_are_timed_at_a_smaller_batch_and_big_models_lend_their_timings_across_classes():

@@ -69,6 +69,29 @@ def test_proxy_weights_resolve_to_a_content_addressed_checkpoint():
         resolve_experiment(_config({**TINY, "weights": "proxy"}, {"epochs": 0}))
 
 
+def test_proxy_styles_choose_the_pretraining_source_and_keep_existing_paths(root):
+    # styles: [gray] renders every proxy image as the grey original (a source unlike the clients'
+    # other domains); the default draws each image's style from the dataset's domains
+    x, _, _ = proxy_images(root, DIGITS, 120, seed=0)
+    gray, _, _ = proxy_images(root, DIGITS, 120, seed=0, styles=["gray"])
+    base = _base(root, DIGITS)
+    perm, parts = _assignment(len(base.y), DIGITS)
+    held_out = base.x[perm[600:720]]
+    assert np.array_equal(gray, np.repeat(held_out, 3, axis=1))
+    assert not np.array_equal(x, gray)
+    default = resolve_experiment(_config({**TINY, "weights": "proxy"}, {"epochs": 1}))
+    explicit_null = resolve_experiment(_config({**TINY, "weights": "proxy"}, {"epochs": 1, "styles": None}))
+    only_gray = resolve_experiment(_config({**TINY, "weights": "proxy"}, {"epochs": 1, "styles": ["gray"]}))
+    path = lambda exp: exp["datasets"]["shifted_domains"]["pretrained"]["out"]  # noqa: E731
+    assert "styles" not in default["datasets"]["shifted_domains"]["pretrained"]["spec"]
+    assert path(explicit_null) == path(default) != path(only_gray)
+    assert only_gray["datasets"]["shifted_domains"]["pretrained"]["spec"]["styles"] == ["gray"]
+    with pytest.raises(ConfigError, match="pretrain.*styles.*'grey'.*allowed.*gray"):
+        resolve_experiment(_config({**TINY, "weights": "proxy"}, {"epochs": 1, "styles": ["grey"]}))
+    with pytest.raises(ConfigError, match="pretrain.*styles"):
+        resolve_experiment(_config({**TINY, "weights": "proxy"}, {"epochs": 1, "styles": []}))
+
+
 def test_pretrain_backbone_is_deterministic_and_loadable(root, tmp_path):
     import json
 

@@ -61,6 +61,7 @@ class Work:
     head_steps: float
     forward_samples: float
     derived: bool = False
+    client_rounds: float = 0.0  # clients trained, summed over the rounds: the engine's time beside their steps
 
     def seconds(self, calibration: dict[str, Any]) -> float | None:
         """Seconds under `calibration` (a cached file, fedrepro.calibration), None if it lacks the model."""
@@ -68,7 +69,8 @@ class Work:
         if entry is None:
             return None
         return (calibration.get("startup_s") or 0.0) + self.train_steps * entry["train_step_s"] + \
-            self.head_steps * entry["head_step_s"] + self.forward_samples * entry["forward_sample_s"]
+            self.head_steps * entry["head_step_s"] + self.forward_samples * entry["forward_sample_s"] + \
+            self.client_rounds * (calibration.get("client_round_s") or 0.0)
 
 
 # -- split sizes --------------------------------------------------------------------------------------
@@ -178,7 +180,7 @@ def cell_work(cell: dict[str, Any], sizes: Sizes, datasets: dict[str, dict], der
                 head_steps += len(personal) * local_steps(train, work.head_batch_size, work.head_epochs)
     if "union" in t.get("global_test", []) + (cell.get("validation") or {}).get("global_test", []):
         forward += sum(test for _, test, _ in clients)
-    return Work(model_spec(cell, datasets), model_steps, head_steps, forward, derived)
+    return Work(model_spec(cell, datasets), model_steps, head_steps, forward, derived, 0.0 if derived else sum(counts))
 
 
 # -- an experiment's jobs -----------------------------------------------------------------------------

@@ -32,16 +32,23 @@ PRETRAIN_PARAMS = {
     "batch_size": Param(128, "mini-batch size", int, minimum=1, maximum=65_536),
     "lr": Param(1e-3, "AdamW learning rate (weight decay 0.05, cosine decay to 0)", float, exclusive_minimum=0),
     "seed": Param(0, "seed of the initialisation, the proxy's styles and the batch order", int, minimum=0),
+    "styles": Param(None, "the styles the proxy images are rendered in (shifted_domains' style names); null = the "
+                          "dataset's own domains. A source unlike the clients' domains (e.g. [gray]) leaves the frozen "
+                          "backbone a domain shift to bridge, as ImageNet's ViT faces on Digit-Five", list,
+                    items=Param("gray", "a style", str)),
 }
+#: keys left out of the spec (and so of its hash) at their default, so that adding them kept every
+#: existing backbone's path
+OPTIONAL_KEYS = ("styles",)
 
 
-def _shifted_proxy(root: Path, params: dict, limit: int, seed: int):
+def _shifted_proxy(root: Path, params: dict, limit: int, seed: int, styles: list[str] | None = None):
     from ..data.domains.shifted import proxy_images
 
-    return proxy_images(root, params, limit, seed)
+    return proxy_images(root, params, limit, seed, styles)
 
 
-#: dataset -> proxy(root, dataset params, limit, seed) -> (x uint8 (n, C, H, W), y, num_classes)
+#: dataset -> proxy(root, dataset params, limit, seed, styles) -> (x uint8 (n, C, H, W), y, num_classes)
 PROXY_SOURCES: dict[str, Callable[..., tuple[np.ndarray, np.ndarray, int]]] = {"shifted_domains": _shifted_proxy}
 
 
@@ -51,6 +58,11 @@ def pretrain_spec(dataset: str, dataset_params: dict, model: dict, pretrain: dic
         raise ConfigError(f"config key '{where}.params.weights' has value '{PROXY_WEIGHTS}' for dataset {dataset!r}, which "
                           f"has no held-out proxy; allowed: datasets {sorted(PROXY_SOURCES)}, or weights 'timm' / 'none' / a path")
     settings = resolve_params(f"config key '{where}.pretrain'", PRETRAIN_PARAMS, pretrain)
+    settings = {k: v for k, v in settings.items() if not (k in OPTIONAL_KEYS and v is None)}
+    if "styles" in settings:
+        from ..data.domains.shifted import check_styles
+
+        check_styles(f"config key '{where}.pretrain'", settings["styles"])
     backbone = {k: model["params"][k] for k in ("backbone", "backbone_args")}
     spec = {"dataset": dataset, "dataset_params": dataset_params, "backbone": backbone, **settings}
     return {"spec": spec, "out": f"{PRETRAINED_DIR}/{dataset}/{short_hash(spec)}.pt"}
@@ -60,14 +72,14 @@ def check_spec(spec: Any) -> None:
     """ConfigError naming what is wrong with a pretraining spec given by hand (`pretrain_spec` writes
     the workflow's): its keys, its dataset and its settings, before any data is read."""
     keys = {"dataset", "dataset_params", "backbone", *PRETRAIN_PARAMS}
-    if not isinstance(spec, dict) or set(spec) != keys:
+    if not isinstance(spec, dict) or not keys - set(OPTIONAL_KEYS) <= set(spec) <= keys:
         have = sorted(spec) if isinstance(spec, dict) else type(spec).__name__
-        raise ConfigError(f"argument --spec has keys {show(have)}; allowed: exactly {sorted(keys)} (as the workflow's "
-                          f"pretrain_backbone rule writes them)")
+        raise ConfigError(f"argument --spec has keys {show(have)}; allowed: exactly {sorted(keys - set(OPTIONAL_KEYS))}, "
+                          f"optionally {list(OPTIONAL_KEYS)} (as the workflow's pretrain_backbone rule writes them)")
     if spec["dataset"] not in PROXY_SOURCES:
         raise ConfigError(f"argument --spec: key 'dataset' has value {show(spec['dataset'])}; allowed: a dataset with a "
                           f"held-out proxy, {sorted(PROXY_SOURCES)}")
-    resolve_params("argument --spec", PRETRAIN_PARAMS, {k: spec[k] for k in PRETRAIN_PARAMS})
+    resolve_params("argument --spec", PRETRAIN_PARAMS, {k: spec[k] for k in PRETRAIN_PARAMS if k in spec})
     backbone = spec["backbone"]
     if not (isinstance(backbone, dict) and isinstance(backbone.get("backbone"), str)
             and isinstance(backbone.get("backbone_args"), dict)):
@@ -84,7 +96,8 @@ def pretrain_backbone(spec: dict, root: Path, out: Path, threads: int | None = N
     if threads:
         torch.set_num_threads(threads)
     seed = spec["seed"]
-    x, y, num_classes = PROXY_SOURCES[spec["dataset"]](Path(root), spec["dataset_params"], spec["samples"], seed)
+    x, y, num_classes = PROXY_SOURCES[spec["dataset"]](Path(root), spec["dataset_params"], spec["samples"], seed,
+                                                       spec.get("styles"))
     x = (torch.from_numpy(x).float() / 255.0 - 0.5) / 0.5  # the datasets' Normalize((0.5,)*3, (0.5,)*3)
     y = torch.from_numpy(np.asarray(y, dtype=np.int64))
     torch.manual_seed(derive_seed(seed, "pretrain-init"))

@@ -130,10 +130,18 @@ def _load(root: Path, params: dict) -> RawDataset:
                       groups={"domain": domain})
 
 
-def proxy_images(root: Path, params: dict, limit: int | None, seed: int) -> tuple[np.ndarray, np.ndarray, int]:
-    """The held-out proxy: up to `limit` base images that no domain uses, each rendered in a domain
-    style drawn uniformly (seeded). Returns (x uint8 (n, 3, S, S), y, num_classes)."""
+def check_styles(where: str, styles: list) -> list[str]:
+    """The proxy's style names, checked against SHIFTS (ConfigError naming the key otherwise)."""
+    return check_name_list(where, "styles", styles, tuple(SHIFTS))
+
+
+def proxy_images(root: Path, params: dict, limit: int | None, seed: int,
+                 styles: list[str] | None = None) -> tuple[np.ndarray, np.ndarray, int]:
+    """The held-out proxy: up to `limit` base images that no domain uses, each rendered in a style
+    drawn uniformly (seeded) from `styles` (default: the dataset's domains). Returns (x uint8
+    (n, 3, S, S), y, num_classes)."""
     params = _resolve(params)
+    styles = params["domains"] if styles is None else check_styles("pretraining", styles)
     base = _base(root, params)
     perm, parts = _assignment(len(base.y), params)
     unused = perm[sum(len(p) for p in parts):]
@@ -142,9 +150,9 @@ def proxy_images(root: Path, params: dict, limit: int | None, seed: int) -> tupl
     if not len(unused):
         raise ConfigError("dataset 'shifted_domains': no held-out base images for the proxy; allowed: a smaller per_domain")
     rng = np.random.default_rng([seed, 2])
-    style = rng.integers(0, len(params["domains"]), len(unused))
+    style = rng.integers(0, len(styles), len(unused))
     x = np.zeros((len(unused), 3, params["image_size"], params["image_size"]), np.uint8)
-    for i, d in enumerate(params["domains"]):
+    for i, d in enumerate(styles):
         x[style == i] = render(base.x[unused[style == i]], d, params["image_size"], rng)
     return x, base.y[unused], base.num_classes
 
