@@ -134,7 +134,7 @@ def read_calibration_header(path: Path) -> dict | None:
         data = read_calibration(path)
     except ConfigError as exc:
         fail(str(exc))
-    return {**{k: data.get(k) for k in ("device", "threads", "torch", "updated", "startup_s")},
+    return {**{k: data.get(k) for k in ("device", "threads", "torch", "updated", "startup_s", "client_round_s")},
             "models": sorted(str(entry.get("label", "?")) for entry in data["models"].values())}
 
 

@@ -400,7 +400,8 @@ CLIENT_ROUND_CONFIG = {
 }
 
 
-def _probe_job(config: dict[str, Any], device, threads: int, name: str) -> tuple[float, dict[str, Any], dict[str, Any], list[int]]:
+def _probe_job(config: dict[str, Any], device, threads: int,
+               name: str) -> tuple[float, dict[str, Any], dict[str, Any], list[int]]:
     """(wall seconds, metrics.json, the resolved experiment, the clients' training sizes) of `config`'s one cell
     run as the workflow runs a job: `fedrepro train` in a fresh interpreter on shards of scikit-learn's
     digits written to a temporary folder."""
@@ -444,7 +445,8 @@ def measure_client_round(device, threads: int) -> float:
     _, metrics, exp, sizes = _probe_job(CLIENT_ROUND_CONFIG, device, threads, "client-round")
     batch = CLIENT_ROUND_CONFIG["training"]["batch_size"]
     spec = model_spec(exp["cells"][0], exp["datasets"])  # the step each client takes: all its samples at once
-    step = measure(dataclasses.replace(spec, batch_size=min(batch, sorted(sizes)[len(sizes) // 2])), device)["train_step_s"]
+    one_step = dataclasses.replace(spec, batch_size=min(batch, sorted(sizes)[len(sizes) // 2]))
+    step = measure(one_step, device)["train_step_s"]
     steps = CLIENT_ROUND_ROUNDS * sum(math.ceil(n / batch) for n in sizes)
     client_rounds = CLIENT_ROUND_ROUNDS * len(sizes)
     return max(0.0, metrics["resources"]["train_time_s"] - steps * step) / client_rounds

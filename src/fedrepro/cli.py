@@ -584,7 +584,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("calibrate", help="time this machine's training steps for an experiment's models",
                        description="Time a few training steps, forward passes and head steps of every model (with its "
-                       "input shape, classes and batch size) the experiment's cells use, and a job's start-up, on the "
+                       "input shape, classes and batch size) the experiment's cells use, a job's start-up and the "
+                       "engine's time per client and round, on the "
                        "device and at the thread count the cells would run with; cache the seconds per step under "
                        "results/.calibration/ (one file per device, threads and torch version). `fedrepro validate` and "
                        "`fedrepro cells --cost` estimate every cell's time from it, and the SLURM profiles its time "
