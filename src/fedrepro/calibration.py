@@ -438,9 +438,8 @@ def measure_client_round(device, threads: int) -> float:
     of 9 clients) spend a share of their training there that a bare step's timing leaves out. (A second
     job at about 18 steps a client and round, to split a per-step share off, gave 0-0.08 ms a step on the
     2-core machine, within the bare step's own noise: not measured.)"""
-    import math
-
     import dataclasses
+    import math
 
     _, metrics, exp, sizes = _probe_job(CLIENT_ROUND_CONFIG, device, threads, "client-round")
     batch = CLIENT_ROUND_CONFIG["training"]["batch_size"]
