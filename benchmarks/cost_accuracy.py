@@ -2,13 +2,15 @@
 
     .venv/bin/fedrepro calibrate config/test.yaml          # first, on the same idle machine
     .venv/bin/python benchmarks/cost_accuracy.py --experiment config/test.yaml results/test \
-        [--experiment CONFIG RESULTS ...] [--jobs]
+        [--experiment CONFIG RESULTS ...] [--jobs] [--calibration FILE]
 
 For every job of each experiment whose Snakemake benchmark table exists (results/E/benchmarks/
 {train,finetune,tuning}/*.tsv: the job's own wall time, start-up included, as the workflow measured
 it), the estimate `fedrepro validate` makes from this machine's calibration (fedrepro.cost), with the
 clients' sizes from the partitions' manifests beside the results folder (RESULTS/../shards, where the
-workflow wrote them; a partition without one is estimated and the row says so). Prints one
+workflow wrote them; a partition without one is estimated and the row says so); with --calibration, the estimate of that calibration file instead
+(a copy kept from the day the experiments ran: a later calibration times a machine whose speed has
+moved since, docs/cost.md). Prints one
 Markdown row per experiment: jobs compared, the share within ±35 %, the totals and the total's error
 (estimated / measured - 1); with --jobs, a row per job too. A job without a benchmark table (not run
 yet) or without an estimate (its model not calibrated) is counted apart, not compared.
@@ -51,21 +53,26 @@ def main() -> None:
     ap.add_argument("--experiment", nargs=2, action="append", required=True, metavar=("CONFIG", "RESULTS"),
                     help="an experiment config and its results folder (repeatable)")
     ap.add_argument("--jobs", action="store_true", help="print a row per job too")
+    ap.add_argument("--calibration", metavar="FILE",
+                    help="estimate with this calibration file (default: this machine's cached one)")
     args = ap.parse_args()
-    from fedrepro.calibration import load_calibrations
     from fedrepro.config import load_and_resolve
-    from fedrepro.cost import Estimator, machine_calibration
+    from fedrepro.cost import Estimator, choose_calibration
     from fedrepro.local_plan import machine_plan
+    from fedrepro.registry import ConfigError
 
     try:  # the checks of an argparse type, for the two values of one option
         pairs = [(experiment_file(config), existing_dir(results)) for config, results in args.experiment]
     except argparse.ArgumentTypeError as exc:
         fail(f"argument --experiment: {exc}")
-    calibrations, _ = load_calibrations()
-    calibration, device = machine_calibration(calibrations, machine_plan().threads)
+    try:
+        chosen = choose_calibration(machine_plan().threads, args.calibration)
+    except ConfigError as exc:
+        fail(str(exc))
+    calibration = chosen.calibration
     if calibration is None:
-        fail(f"no calibration for this machine ({device}): run `fedrepro calibrate CONFIG` first")
-    print(f"calibration: {calibration['path']} ({device}, {calibration['threads']} threads, {calibration.get('updated')})")
+        fail(f"no calibration for this machine ({chosen.device}): run `fedrepro calibrate CONFIG` first")
+    print(f"calibration: {calibration['path']} ({chosen.device}, {calibration['threads']} threads, {calibration.get('updated')})")
     print("| experiment | jobs compared | within ±35 % | estimated total | measured total | total error |")
     print("|---|---|---|---|---|---|")
     job_rows = []

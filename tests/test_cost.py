@@ -106,6 +106,65 @@ def test_seconds_follow_the_calibration_and_the_manifest_sizes(tiny_partition, t
     assert cost.wall_seconds([3, 3, 2, 2], 2) == 5 and cost.wall_seconds([3, 3, 2, 2], 1) == 10
 
 
+def test_estimated_sizes_keep_only_the_scarce_clients_fraction(tmp_path):
+    """Before a partition is written, the sizes come from the dataset's count; scarce clients keep their
+    fraction there as in the shards (fedcosr_cpu's 3 %: without it its estimate was 43.8 h, not 74 min)."""
+    from fedrepro.data.dataset_registry import load_dataset
+    from fedrepro.data.shards import resolve_partition_spec, unseen_client_ids, write_partition
+
+    base = {"dataset": "digits", "partitioner": "iid", "num_clients": 6, "unseen_clients": 1, "seed": 0}
+    scarce = {**base, "scarcity": {"clients": [0, 1, 2], "fraction": [0.2, 0.4]}}
+    full, cut = (cost.estimated_sizes(resolve_partition_spec(s)) for s in (base, scarce))
+    assert len(full.clients) == len(cut.clients) == 5 and cut.source == "estimate"
+    unseen = set(unseen_client_ids(resolve_partition_spec(scarce)))
+    trained = [cid for cid in range(6) if cid not in unseen]
+    for cid, (whole, kept) in zip(trained, zip(full.clients, cut.clients)):
+        assert kept[0] == pytest.approx(whole[0] * (0.3 if cid < 3 else 1.0), abs=1)
+    write_partition(load_dataset("digits", tmp_path / "raw"), scarce, tmp_path / "shards")
+    written = cost.manifest_sizes(tmp_path / "shards")
+    assert sum(c[0] for c in written.clients) == pytest.approx(sum(c[0] for c in cut.clients), rel=0.15)
+
+
+def test_held_out_clients_add_their_scoring_update_and_personalization(tmp_path):
+    """After the last round the job scores the unseen clients with the global model and, for a method
+    with personalized models, runs one local update and its personalization on each (engine.beyond);
+    a method without a global model also makes every training client's personal model once more."""
+    exp = resolve_experiment(tiny_config(rounds=2, eval_every=2))
+    train = ((100, 25, 10),) * 4
+    held = ((60, 20, 0), (40, 10, 0))
+    alone, with_unseen = cost.Sizes(train, "manifest"), cost.Sizes(train, "manifest", held)
+
+    def both(label):
+        cell = cell_of(exp, label)
+        return cost.cell_work(cell, alone, exp["datasets"]), cost.cell_work(cell, with_unseen, exp["datasets"])
+
+    before, after = both("fedavg")  # a global model only: its scoring on the 30 unseen test samples
+    assert (after.train_steps, after.head_steps) == (before.train_steps, before.head_steps)
+    assert after.forward_samples - before.forward_samples == 30
+    before, after = both("fedavg_ft")  # global and personal scoring, one local update, the head's fine-tuning
+    update = sum(cost.local_steps(n, 16, 1) for n, _, _ in held)
+    assert after.train_steps - before.train_steps == update
+    assert after.head_steps - before.head_steps == sum(cost.local_steps(n, 32, 1) for n, _, _ in held)
+    assert after.forward_samples - before.forward_samples == 2 * 30 + 100  # and the features of their train splits
+    exp["cells"].append({**cell_of(exp, "local"), "label": "linear", "method": "local_linear",
+                         "hparams": {"epochs": 10, "lr": 0.05, "momentum": 0.9, "batch_size": 32, "tol": 1e-4, "max_epochs": 500}})
+    before, after = both("linear")  # no global model: the unseen clients' global score is the mean of the
+    fits = [cost.local_steps(n, 32, 10) for n in (100,) * 4 + (60, 40)]  # training clients' models, made once more
+    assert after.head_steps - before.head_steps == sum(fits)  # and their own fits
+
+
+def test_a_fit_to_convergence_is_estimated_at_its_typical_epochs_not_its_bound(tmp_path):
+    from fedrepro.methods.local_linear import LocalLinear
+
+    linear = {"name": "mlp", "params": {"hidden": []}}
+    fair = work(tmp_path, "fair", methods={"fair": {"method": "local_linear", "model": linear}})
+    converge = work(tmp_path, "conv", methods={"conv": {"method": "local_linear", "hparams": {"epochs": None},
+                                                         "model": linear}})
+    per_epoch = fair.head_steps / 10  # the fair version's 10 epochs
+    assert converge.head_steps == pytest.approx(per_epoch * LocalLinear.cost_convergence_epochs)
+    assert LocalLinear.cost_convergence_epochs < METHODS.get("local_linear").hparams["max_epochs"].default
+
+
 # -- calibrate, validate, cells --cost -----------------------------------------------------------------
 
 @pytest.fixture

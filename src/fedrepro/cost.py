@@ -45,10 +45,12 @@ EXACT_SCHEDULE_LIMIT = 2_000_000
 
 @dataclass(frozen=True)
 class Sizes:
-    """The training clients' (train, test, val) sample counts, and where they come from."""
+    """The training clients' (train, test, val) sample counts, where they come from, and the held-out
+    (unseen) clients' counts."""
 
     clients: tuple[tuple[int, int, int], ...]
     source: str  # "manifest" or "estimate"
+    unseen: tuple[tuple[int, int, int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -86,15 +88,20 @@ def manifest_sizes(shard_dir: str | os.PathLike) -> Sizes | None:
         manifest = read_manifest(shard_dir)
     except (OSError, ValueError, ShardChecksumError):
         return None
-    return Sizes(tuple((int(c["sizes"]["train"]), int(c["sizes"]["test"]), int(c["sizes"].get("val", 0)))
-                       for c in manifest["clients"] if not c.get("unseen")), "manifest")
+    def counts(held_out: bool) -> tuple[tuple[int, int, int], ...]:
+        return tuple((int(c["sizes"]["train"]), int(c["sizes"]["test"]), int(c["sizes"].get("val", 0)))
+                     for c in manifest["clients"] if bool(c.get("unseen")) == held_out)
+
+    return Sizes(counts(False), "manifest", counts(True))
 
 
 def estimated_sizes(spec: dict[str, Any]) -> Sizes | None:
     """Equal clients from the dataset's known sample count (the pooled one, or the official train set
-    with pool: false) over num_clients, or a partitioner's fixed `partition_size`; None where the
-    dataset's size is not known before it is read."""
+    with pool: false) over num_clients, or a partitioner's fixed `partition_size`, each scarce client
+    (`scarcity`) keeping its fraction (a range's midpoint); None where the dataset's size is not known
+    before it is read."""
     from .data.datasets import sample_bounds
+    from .data.shards import unseen_client_ids
 
     bounds = sample_bounds(spec["dataset"], spec.get("dataset_params") or {})
     params = spec.get("params") or {}
@@ -102,10 +109,17 @@ def estimated_sizes(spec: dict[str, Any]) -> Sizes | None:
     if bounds is None and not fixed:
         return None
     per_client = fixed or (bounds[1] if spec["pool"] else bounds[0]) / spec["num_clients"]
-    split = spec["split"]
-    test, val = per_client * split["test_fraction"], per_client * split["val_fraction"]
-    one = (round(per_client - test - val), round(test), round(val))
-    return Sizes((one,) * (spec["num_clients"] - spec["unseen_clients"]), "estimate")
+    scarcity = spec.get("scarcity") or {"clients": [], "fraction": 1.0}
+    fraction = scarcity["fraction"]
+    kept = (fraction[0] + fraction[-1]) / 2 if isinstance(fraction, list) else fraction
+    scarce = range(spec["num_clients"]) if scarcity["clients"] == "all" else scarcity["clients"]
+    split, unseen = spec["split"], set(unseen_client_ids(spec))
+    clients, held_out = [], []
+    for cid in range(spec["num_clients"]):
+        n = per_client * (kept if cid in scarce else 1.0)
+        test, val = n * split["test_fraction"], n * split["val_fraction"]
+        (held_out if cid in unseen else clients).append((round(n - test - val), round(test), round(val)))
+    return Sizes(tuple(clients), "estimate", tuple(held_out))
 
 
 # -- work ---------------------------------------------------------------------------------------------
@@ -145,19 +159,19 @@ def _method_class(cell: dict[str, Any]):
     return finetune_class(cell) if "finetune" in cell else METHODS.get(cell["method"])
 
 
-def _carved(sizes: Sizes, cell: dict[str, Any]) -> list[tuple[int, int, int]]:
+def _carved(clients: tuple[tuple[int, int, int], ...], cell: dict[str, Any]) -> list[tuple[int, int, int]]:
     """The sizes as the cell's job sees them: a tuning trial carves its validation from train."""
     f = (cell.get("validation") or {}).get("from_train")
     if not f:
-        return list(sizes.clients)
-    return [(train - round(train * f), test, round(train * f)) for train, test, _ in sizes.clients]
+        return list(clients)
+    return [(train - round(train * f), test, round(train * f)) for train, test, _ in clients]
 
 
 def cell_work(cell: dict[str, Any], sizes: Sizes, datasets: dict[str, dict], derived: bool = False) -> Work:
     """The work of one job: `cell` (resolved) on clients of `sizes`; `derived`: a fine-tuning row
     scored from its base cell's final model (only its last round's scoring)."""
     t, cls, hp = cell["training"], _method_class(cell), cell["hparams"]
-    clients = _carved(sizes, cell)
+    clients, unseen = _carved(sizes.clients, cell), _carved(sizes.unseen, cell)
     bs, epochs, drop = t["batch_size"], t["local_epochs"], t["drop_last"]
     rounds = t["rounds"]
     steps = [local_steps(train, bs, epochs, drop) for train, _, _ in clients]
@@ -171,16 +185,37 @@ def cell_work(cell: dict[str, Any], sizes: Sizes, datasets: dict[str, dict], der
     scored = sum(test + val for _, test, val in clients)
     forward = scored * (len(evaluated) * cls.has_global + len(personal) * cls.has_personal)
     model_steps, head_steps = trained * passes.model, trained * passes.head
-    if cls.has_personal and personal:
-        work = cls.cost_personal_for(hp, t)
-        for train, _, _ in clients:
-            model_steps += len(personal) * local_steps(train, bs, work.train_epochs, drop)
-            if work.head_epochs:
-                forward += len(personal) * train  # the frozen features, once per personalization
-                head_steps += len(personal) * local_steps(train, work.head_batch_size, work.head_epochs)
-    if "union" in t.get("global_test", []) + (cell.get("validation") or {}).get("global_test", []):
+    global_tests = t.get("global_test", []) + (cell.get("validation") or {}).get("global_test", [])
+    # Each training client's personalized model is made at every personal evaluation, and once more
+    # after the last round where the unseen clients' global score (no global model: the personal
+    # models' mean) or a global test set needs it.
+    made = len(personal) + bool((unseen and not cls.has_global) or global_tests) if cls.has_personal else 0
+    work = cls.cost_personal_for(hp, t)
+    for train, _, _ in clients:
+        m, h, f = _personalizing(work, train, bs, drop)
+        model_steps, head_steps, forward = model_steps + made * m, head_steps + made * h, forward + made * f
+    if "union" in global_tests:
         forward += sum(test for _, test, _ in clients)
+    # After the last round (engine.beyond) the unseen clients' test splits are scored by the global
+    # model and, with personalized models, by each one's own: one local update, then personalization.
+    if unseen:
+        forward += sum(test for _, test, _ in unseen) * (1 + cls.has_personal)
+        for train, _, _ in unseen if cls.has_personal else ():
+            m, h, f = _personalizing(work, train, bs, drop)
+            update = local_steps(train, bs, epochs, drop)
+            model_steps, head_steps = model_steps + update * passes.model + m, head_steps + update * passes.head + h
+            forward += f
     return Work(model_spec(cell, datasets), model_steps, head_steps, forward, derived, 0.0 if derived else sum(counts))
+
+
+def _personalizing(work, train: int, batch_size: int, drop_last: bool) -> tuple[float, float, float]:
+    """(model steps, head steps, forward samples) of one client's personalized model (`work`: the
+    method's PersonalWork) on `train` training samples."""
+    model = local_steps(train, batch_size, work.train_epochs, drop_last)
+    if not work.head_epochs:
+        return model, 0.0, 0.0
+    # the frozen features, once per personalization, then the head's steps
+    return model, local_steps(train, work.head_batch_size, work.head_epochs), float(train)
 
 
 # -- an experiment's jobs -----------------------------------------------------------------------------
