@@ -8,9 +8,9 @@ For every job of each experiment whose Snakemake benchmark table exists (results
 {train,finetune,tuning}/*.tsv: the job's own wall time, start-up included, as the workflow measured
 it), the estimate `fedrepro validate` makes from this machine's calibration (fedrepro.cost), with the
 clients' sizes from the partitions' manifests beside the results folder (RESULTS/../shards, where the
-workflow wrote them; a partition without one is estimated and the row says so); with --calibration, the estimate of that calibration file instead
-(a copy kept from the day the experiments ran: a later calibration times a machine whose speed has
-moved since, docs/cost.md). Prints one
+workflow wrote them; a partition without one is estimated and the row says so); with
+--calibration, that calibration file's estimate instead (the file kept from the day the experiments
+ran: a later calibration times a machine whose speed has moved since, docs/cost.md). Prints one
 Markdown row per experiment: jobs compared, the share within ±35 %, the totals and the total's error
 (estimated / measured - 1); with --jobs, a row per job too. A job without a benchmark table (not run
 yet) or without an estimate (its model not calibrated) is counted apart, not compared.

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import resource
 import subprocess
 import sys
@@ -144,6 +145,21 @@ def test_a_hostile_config_is_one_line(tmp_path, script, option, kind):
 ])
 def test_a_bad_argument_is_one_line_before_any_work(script, args, words):
     refused(run(script, *args, memory=6 << 30), *words)  # a label is checked on the resolved config: torch is imported
+
+
+def test_cost_accuracy_estimates_with_a_kept_calibration_file_or_refuses_it_in_one_line(tmp_path):
+    """--calibration: a table measured on another day is estimated with that day's calibration (the
+    files docs/cost.md's rows were made with are kept in docs/calibrations/)."""
+    kept = sorted((REPO / "docs" / "calibrations").glob("*.json"))[0]
+    results = tmp_path / "results" / "test"
+    results.mkdir(parents=True)
+    args = ("--experiment", "config/test.yaml", str(results))
+    proc = run("cost_accuracy.py", "--calibration", str(kept), *args, memory=6 << 30, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.startswith(f"calibration: {kept} (cpu: AMD EPYC, 2 threads, ")
+    assert re.search(r"\| config/test\.yaml \| 0 \(\+[1-9]\d* not compared; ", proc.stdout)  # nothing run there yet
+    refused(run("cost_accuracy.py", "--calibration", str(plant(tmp_path / "cal.json", "list")), *args, memory=6 << 30,
+                timeout=120), "calibration file", "cal.json")
 
 
 def test_startup_says_in_one_line_when_its_raw_root_holds_no_data(tmp_path):
