@@ -458,6 +458,39 @@ def test_status_estimates_the_time_left_from_the_runs_recorded_config(quick, tmp
     assert time_left(capsys, root) == "time left: none estimated (no pending or running job)"
 
 
+def test_status_rescales_the_time_left_by_the_pace_of_the_runs_finished_jobs(quick, tmp_path, capsys, monkeypatch):
+    """A machine's speed drifts by as much as the estimate's error: once PACE_MIN_JOBS jobs have finished,
+    the time left of the others is their estimate less the start-up, times the finished jobs' measured
+    over estimated time, plus the start-up."""
+    from fedrepro import local_plan, progress
+    from fedrepro.io import write_json_atomic
+
+    config = {**tiny_config(rounds=3), "seeds": [0, 1]}
+    exp = resolve_experiment(config)
+    root = tmp_path / "results" / "unit"
+    progress.write_plan(root, exp["cells"], config)
+    cal = this_machines_calibration(tmp_path / "results" / ".calibration", exp, train=0.05, startup=2.0)
+    seconds = estimated(exp, cal, tmp_path / "results" / "shards")
+    monkeypatch.setattr(local_plan, "cells_at_once", lambda plan, cores=None: 1)
+    names = list(seconds)
+    assert len(names) == 6 > cost.PACE_MIN_JOBS
+
+    def finish(name: str, slower: float) -> None:  # its own recorded time: the estimate less the start-up, x slower
+        write_json_atomic(root / "runs" / name / "metrics.json",
+                          {"status": "ok", "rounds": 3, "resources": {"wall_time_s": (seconds[name] - 2.0) * slower}})
+
+    for name in names[:cost.PACE_MIN_JOBS - 1]:  # too few to judge the pace by: the estimates as they are
+        finish(name, 3.0)
+    pending = names[cost.PACE_MIN_JOBS - 1:]
+    assert time_left(capsys, root) == f"time left: about {cost.human(sum(seconds[n] for n in pending))} (0 running, " \
+                                      f"{len(pending)} pending job(s), one at a time with the local profile)"
+    finish(pending.pop(0), 3.0)
+    want = sum(2.0 + (seconds[n] - 2.0) * 3.0 for n in pending)
+    assert time_left(capsys, root) == f"time left: about {cost.human(want)} (0 running, {len(pending)} pending job(s), " \
+                                      f"one at a time with the local profile, at the run's pace: its 3 finished jobs took " \
+                                      "3.00x their estimate)"
+
+
 def test_status_says_why_there_is_no_time_left_in_one_line(quick, tmp_path, capsys):
     from fedrepro import progress
     from fedrepro.io import write_json_atomic

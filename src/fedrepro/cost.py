@@ -510,15 +510,35 @@ def workflow_lines(exp: dict[str, Any]) -> list[str]:
 RUNNING_STATES = ("running", "finishing")
 
 
+#: `fedrepro status` rescales the time left by the run's own pace once this many of its jobs have
+#: finished with a recorded time: a machine's speed drifts by as much as the estimate's error
+#: (docs/cost.md, "Measured accuracy"), and the finished jobs have measured the speed of today's.
+PACE_MIN_JOBS = 3
+
+
 class TimeLeft:
     """`fedrepro status`'s estimate of a run's time left: each job's estimate, from the config the run
     recorded (status/plan.json) under this machine's calibration at the local profile's threads, made
-    once; or why there is none (`why`)."""
+    once; or why there is none (`why`). Once PACE_MIN_JOBS jobs have finished, each estimate less its
+    start-up (`startup`: what a job's own recorded time leaves out) is scaled by their measured time over
+    their estimated one."""
 
     def __init__(self, seconds: dict[str, float] | None, at_once: int = 1, why: str = "", finished=None,
-                 not_estimated: int = 0):
+                 not_estimated: int = 0, startup: float = 0.0):
         self.estimates, self.at_once, self.why, self.not_estimated = seconds, at_once, why, not_estimated
         self.finished = finished or (lambda name: False)  # a job's metrics.json exists (no row names it)
+        self.startup = startup
+
+    def pace(self, states: dict[str, dict]) -> tuple[float, int]:
+        """(measured / estimated time of the finished jobs, how many), (1.0, n) below PACE_MIN_JOBS."""
+        measured = expected = 0.0
+        jobs = 0
+        for name, seconds in self.estimates.items():
+            row = states.get(name) or {}
+            took = row.get("elapsed_s")
+            if row.get("state") == "done" and isinstance(took, (int, float)) and math.isfinite(took) and took >= 0:
+                measured, expected, jobs = measured + took, expected + max(seconds - self.startup, 0.0), jobs + 1
+        return (measured / expected if jobs >= PACE_MIN_JOBS and expected > 0 else 1.0), jobs
 
     @classmethod
     def of_results(cls, results_dir: str | os.PathLike) -> "TimeLeft":
@@ -541,7 +561,8 @@ class TimeLeft:
             return cls(None, why=no_calibration_line(chosen).removeprefix("cost: "))
         est = estimate(Estimator(exp, root.parent / SHARDS_ROOT.name).jobs(), chosen.calibration)
         finished = lambda name: any((root / sub / name / "metrics.json").exists() for sub in ("runs", "tuning/runs"))
-        return cls(est.seconds(), cells_at_once(local), finished=finished, not_estimated=len(est.uncalibrated) + est.unsized)
+        return cls(est.seconds(), cells_at_once(local), finished=finished, not_estimated=len(est.uncalibrated) + est.unsized,
+                   startup=chosen.calibration.get("startup_s") or 0.0)
 
     def line(self, rows: list[dict]) -> str:
         """'time left: about <t> (...)': the estimate of every pending job, and of every running one less
@@ -551,8 +572,10 @@ class TimeLeft:
         if self.estimates is None:
             return f"time left: no estimate: {self.why}"
         states = {r["cell"]: r for r in rows}
+        pace, done = self.pace(states)
         left, counts = [], {"pending": 0, "running": 0}
-        for name, seconds in self.estimates.items():
+        for name, estimated in self.estimates.items():
+            seconds = min(self.startup, estimated) + max(estimated - self.startup, 0.0) * pace
             row = states.get(name)
             state = row["state"] if row else "done" if self.finished(name) else "pending"
             if state in RUNNING_STATES:
@@ -568,5 +591,6 @@ class TimeLeft:
             return f"time left: none estimated (no pending or running job){unknown}"
         wall = max(sum(left) / self.at_once, max(left))
         side = "one at a time" if self.at_once == 1 else f"{self.at_once} side by side"
+        paced = f", at the run's pace: its {done} finished jobs took {pace:.2f}x their estimate" if done >= PACE_MIN_JOBS else ""
         return (f"time left: about {human(wall)} ({counts['running']} running, {counts['pending']} pending job(s), "
-                f"{side} with the local profile){unknown}")
+                f"{side} with the local profile{paced}){unknown}")
