@@ -516,6 +516,12 @@ RUNNING_STATES = ("running", "finishing")
 PACE_MIN_JOBS = 3
 
 
+def _elapsed(row: dict) -> float | None:
+    """A status row's recorded seconds (`elapsed_s`), None where it records no usable number."""
+    took = row.get("elapsed_s")
+    return float(took) if isinstance(took, (int, float)) and math.isfinite(took) else None
+
+
 class TimeLeft:
     """`fedrepro status`'s estimate of a run's time left: each job's estimate, from the config the run
     recorded (status/plan.json) under this machine's calibration at the local profile's threads, made
@@ -535,8 +541,8 @@ class TimeLeft:
         jobs = 0
         for name, seconds in self.estimates.items():
             row = states.get(name) or {}
-            took = row.get("elapsed_s")
-            if row.get("state") == "done" and isinstance(took, (int, float)) and math.isfinite(took) and took >= 0:
+            took = _elapsed(row)
+            if row.get("state") == "done" and took is not None and took >= 0:
                 measured, expected, jobs = measured + took, expected + max(seconds - self.startup, 0.0), jobs + 1
         return (measured / expected if jobs >= PACE_MIN_JOBS and expected > 0 else 1.0), jobs
 
@@ -579,9 +585,8 @@ class TimeLeft:
             row = states.get(name)
             state = row["state"] if row else "done" if self.finished(name) else "pending"
             if state in RUNNING_STATES:
-                elapsed = row.get("elapsed_s")
-                elapsed = elapsed if isinstance(elapsed, (int, float)) and math.isfinite(elapsed) else 0.0
-                left.append(max(0.0, seconds - elapsed))
+                elapsed = _elapsed(row)
+                left.append(max(0.0, seconds - (0.0 if elapsed is None else elapsed)))
                 counts["running"] += 1
             elif state == "pending":
                 left.append(seconds)
