@@ -101,7 +101,7 @@ def estimated_sizes(spec: dict[str, Any]) -> Sizes | None:
     (`scarcity`) keeping its fraction (a range's midpoint); None where the dataset's size is not known
     before it is read."""
     from .data.datasets import sample_bounds
-    from .data.shards import unseen_client_ids
+    from .data.shards import scarce_client_ids, unseen_client_ids
 
     bounds = sample_bounds(spec["dataset"], spec.get("dataset_params") or {})
     params = spec.get("params") or {}
@@ -109,10 +109,9 @@ def estimated_sizes(spec: dict[str, Any]) -> Sizes | None:
     if bounds is None and not fixed:
         return None
     per_client = fixed or (bounds[1] if spec["pool"] else bounds[0]) / spec["num_clients"]
-    scarcity = spec.get("scarcity") or {"clients": [], "fraction": 1.0}
-    fraction = scarcity["fraction"]
+    fraction = (spec.get("scarcity") or {"fraction": 1.0})["fraction"]
     kept = (fraction[0] + fraction[-1]) / 2 if isinstance(fraction, list) else fraction
-    scarce = range(spec["num_clients"]) if scarcity["clients"] == "all" else scarcity["clients"]
+    scarce = set(scarce_client_ids(spec))
     split, unseen = spec["split"], set(unseen_client_ids(spec))
     clients, held_out = [], []
     for cid in range(spec["num_clients"]):
@@ -191,7 +190,7 @@ def cell_work(cell: dict[str, Any], sizes: Sizes, datasets: dict[str, dict], der
     # models' mean) or a global test set needs it.
     made = len(personal) + bool((unseen and not cls.has_global) or global_tests) if cls.has_personal else 0
     work = cls.cost_personal_for(hp, t)
-    for train, _, _ in clients:
+    for train, _, _ in clients if made else ():
         m, h, f = _personalizing(work, train, bs, drop)
         model_steps, head_steps, forward = model_steps + made * m, head_steps + made * h, forward + made * f
     if "union" in global_tests:

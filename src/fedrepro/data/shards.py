@@ -163,6 +163,14 @@ def unseen_client_ids(spec: dict[str, Any]) -> list[int]:
     return sorted(rng.choice(spec["num_clients"], size=k, replace=False).tolist()) if k else []
 
 
+def scarce_client_ids(spec: dict[str, Any]) -> list[int]:
+    """The clients `scarcity` thins, in the order their fractions are drawn (none without it)."""
+    sc = spec.get("scarcity")
+    if sc is None:
+        return []
+    return list(range(spec["num_clients"])) if sc["clients"] == "all" else list(sc["clients"])
+
+
 def partition_id(spec: dict[str, Any]) -> str:
     return short_hash({"format": FORMAT, **resolve_partition_spec(spec)})
 
@@ -180,8 +188,7 @@ def make_partition(raw: RawDataset, spec: dict[str, Any]) -> list[dict[str, np.n
     if spec["scarcity"] is not None:  # its own stream: the split below draws what it would draw without it
         sc = spec["scarcity"]
         srng = np.random.default_rng(derive_seed(spec["seed"], "scarcity"))
-        chosen = range(len(clients)) if sc["clients"] == "all" else sc["clients"]
-        for cid in chosen:
+        for cid in scarce_client_ids(spec):
             frac = sc["fraction"]
             frac = float(srng.uniform(frac[0], frac[-1])) if isinstance(frac, list) else frac
             clients[cid] = scarce(clients[cid], raw.y, frac, srng)
