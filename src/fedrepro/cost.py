@@ -189,8 +189,8 @@ def cell_work(cell: dict[str, Any], sizes: Sizes, datasets: dict[str, dict], der
     # after the last round where the unseen clients' global score (no global model: the personal
     # models' mean) or a global test set needs it.
     made = len(personal) + bool((unseen and not cls.has_global) or global_tests) if cls.has_personal else 0
-    if made:  # a method that makes no personalized model adds nothing here
-        work = cls.cost_personal_for(hp, t)
+    work = cls.cost_personal_for(hp, t)  # also the unseen clients' personalization, below
+    if made:  # no personalized model made during training: nothing to add here
         for train, _, _ in clients:
             m, h, f = _personalizing(work, train, bs, drop)
             model_steps, head_steps, forward = model_steps + made * m, head_steps + made * h, forward + made * f
