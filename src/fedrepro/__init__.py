@@ -1,6 +1,15 @@
 """fedrepro: a reproducible benchmark workflow for personalized and fair federated learning."""
 
-from .registry import set_plugin_loader
+from . import kernels as _kernels
+
+# before any torch operation: the CPU kernels capped at one instruction level (fedrepro/kernels.py).
+# A bad FEDREPRO_KERNELS is refused by the commands that train (kernels.requested), not at import.
+try:
+    _kernels.apply()
+except _kernels.KernelLevelError:
+    pass
+
+from .registry import set_plugin_loader  # noqa: E402
 from .version import __version__  # noqa: F401 (its own module: submodules read it without importing this one)
 
 

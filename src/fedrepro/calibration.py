@@ -160,7 +160,7 @@ def read_calibration(path: str | os.PathLike) -> dict[str, Any]:
         if not isinstance(data.get(key), kind) or isinstance(data.get(key), bool):
             raise ConfigError(f"calibration file {path}: key '{key}' has value {show(data.get(key))}; allowed: a "
                               f"{kind.__name__} (delete it and run `fedrepro calibrate CONFIG`)")
-    for key in ("updated", "fedrepro"):  # optional: the date an estimate says, and the writer's version
+    for key in ("updated", "fedrepro", "kernels"):  # optional: the date an estimate says, and the writer's version
         if data.get(key) is not None and not isinstance(data[key], str):
             raise ConfigError(f"calibration file {path}: key '{key}' has value {show(data[key])}; allowed: a str "
                               "(delete it and run `fedrepro calibrate CONFIG`)")
@@ -188,10 +188,13 @@ def load_calibrations(root: str | os.PathLike = CALIBRATION_DIR) -> tuple[list[d
     return found, problems
 
 
-def find_calibration(calibrations: list[dict], device: str, threads: int, torch: str | None = None) -> dict | None:
-    """The calibration of (device, threads[, torch version]) among `calibrations`, or None."""
+def find_calibration(calibrations: list[dict], device: str, threads: int, torch: str | None = None,
+                     kernels: str | None = None) -> dict | None:
+    """The calibration of (device, threads[, torch version][, CPU kernel level]) among `calibrations`,
+    or None. A file without a kernel level (written before issue 56) matches any level."""
     for c in calibrations:
-        if c["device"] == device and c["threads"] == threads and (torch is None or c["torch"] == torch):
+        if (c["device"] == device and c["threads"] == threads and (torch is None or c["torch"] == torch)
+                and (kernels is None or c.get("kernels") in (None, kernels))):
             return c
     return None
 
@@ -469,7 +472,8 @@ def calibrate(specs: list[ModelSpec], device, threads: int, deterministic: bool 
     existing = read_calibration(path) if path.exists() else None
     cached = {} if existing is None or force else existing["models"]
     load, cores = os.getloadavg()[0], usable_cores()
-    header = {"device": name, "threads": threads, "torch": version, "fedrepro": __version__, "load_average": round(load, 2)}
+    header = {"device": name, "threads": threads, "torch": version, "fedrepro": __version__, "load_average": round(load, 2),
+              "kernels": torch.backends.cpu.get_cpu_capability()}  # the CPU kernel level (fedrepro/kernels.py)
     if load > BUSY_LOAD_PER_CORE * cores:
         say(f"[fedrepro] warning: the machine is busy (load average {load:.1f} on {cores} cores): the timings will come "
             "out long; calibrate an idle machine")

@@ -350,7 +350,7 @@ def machine_calibration(calibrations: list[dict], threads: int, device: str | No
     from .calibration import find_calibration, torch_version
 
     device = device or this_device()
-    return find_calibration(calibrations, device, threads, torch_version()), device
+    return find_calibration(calibrations, device, threads, torch_version(), _kernel_level(device)), device
 
 
 def named_calibration(path: str | os.PathLike, device_here: str) -> dict[str, Any]:
@@ -599,3 +599,16 @@ class TimeLeft:
         paced = f", at the run's pace: its {done} finished jobs took {pace:.2f}x their estimate" if done >= PACE_MIN_JOBS else ""
         return (f"time left: about {human(wall)} ({counts['running']} running, {counts['pending']} pending job(s), "
                 f"{side} with the local profile{paced}){unknown}")
+
+
+def _kernel_level(device: str) -> str | None:
+    """The CPU kernel level a calibration of `device` must have been measured at: the capped level's
+    name as torch reports it (AVX2, AVX512), None (any) on a GPU or uncapped (fedrepro/kernels.py)."""
+    from . import kernels
+
+    if not device.startswith("cpu"):
+        return None
+    try:
+        return {"avx2": "AVX2", "avx512": "AVX512"}.get(kernels.requested())
+    except kernels.KernelLevelError:
+        return None

@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from . import kernels
 from .bounded_run import NOT_RUN, TOO_LARGE, ProgramFailed, run_bounded
 from .overrides import recorded
 
@@ -59,6 +60,7 @@ def collect(cell: dict, manifest: dict, device: torch.device, determinism: dict[
         "device": {"type": device.type, "name": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or platform.machine(),
                    "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")},
         "determinism": determinism,
+        "kernels": kernels.in_force(),  # the CPU kernel level in force (fedrepro/kernels.py)
         "shards": {"partition_id": manifest["partition_id"], "source_fingerprint": manifest["source_fingerprint"], "sha256": manifest["files"]},
         "host": socket.gethostname(),
         "platform": platform.platform(),

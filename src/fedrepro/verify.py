@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+from . import kernels
 from .custody import ResultsError, read_bounded_json, read_metrics
 from .metrics import beyond_weights, summarize
 from .registry import ConfigError, show
@@ -328,6 +329,9 @@ def verify_cell(results: Path, run: Path, train: Train) -> Verdict:
     if "derived_from" in provenance:
         found = [d for d in found if d[0] != "resources.finetuned_from"]
         notes.append("a fine-tuning row scored from its base cell's final model: recomputed by training it in full")
+    level = kernels.difference(kernels.capability(provenance), kernels.in_force()["capability"])
+    if level:  # a different CPU kernel level, not a wrong number, may explain a difference (fedrepro/kernels.py)
+        notes.append(level)
     close = [d for d in found if d[3]]
     differs = [d for d in found if not d[3]]
     lines = [f"{name}: {path}: recorded {_show_value(a)}, recomputed {_show_value(b)}" for path, a, b, _ in differs]

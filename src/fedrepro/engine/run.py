@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from .. import kernels
 from ..custody import METRICS_SCHEMA, cell_identity, write_metrics
 from ..data.shards import load_partition_with_official
 from ..io import clean_stale, write_json_atomic
@@ -98,6 +99,10 @@ def open_cell(cell: dict, shards_dir: str | Path, device: str = "auto",
               threads: int | None = None) -> tuple[dict, list, torch.device, dict[str, Any], Any]:
     """What a job of `cell` needs before its engine: the manifest (its shards checked), the clients'
     data on the device, the device, the determinism settings and the official test split (or None)."""
+    try:
+        kernels.requested()  # a bad FEDREPRO_KERNELS is refused before any work
+    except kernels.KernelLevelError as exc:
+        raise ConfigError(str(exc)) from None
     if threads:
         torch.set_num_threads(threads)
     determinism = set_determinism(cell["training"]["deterministic"])
