@@ -154,10 +154,11 @@ def test_differences_paired_tests_verdicts_and_flips(tmp_path):
     assert default.stats.mean == pytest.approx(72.0) and default.stats.n == 3
     want = sps.ttest_rel([70, 72, 74], [60, 61, 65])
     assert default.vs_best.mean_diff == pytest.approx(10.0) and default.vs_best.p == pytest.approx(want.pvalue)
-    assert default.verdict == "above the strongest baseline"
+    assert default.verdict.startswith("holds: above the strongest baseline (Holm p < 0.05)")
     option = rd.side(ledger, "qffl_q5", "fedavg")
     assert option.vs_fedavg.mean_diff == pytest.approx(-17 / 3)
-    assert option.verdict == ("below the strongest baseline" if option.vs_best.p < 0.05 else "not different (p ≥ 0.05)")
+    assert option.verdict.startswith("contradicted: below the strongest baseline" if option.p_holm < 0.05
+                                      else "not shown against the strongest baseline (Holm p ≥ 0.05)")
     assert rd.flips(default, option) == "yes"
     md = rd.to_markdown(ledger)
     assert "`qffl.q`" in md and "5.0 (`qffl_q5`): 56.33 ± 1.53 (n=3)" in md and "5.0: yes" in md
@@ -195,7 +196,7 @@ def test_undefined_tests_and_lower_is_better(tmp_path):
     ledger.paper.metrics["acc"] = rd.Metric("acc", "Error", "lower", "percent")
     assert rd.strongest(ledger) == "local"
     assert rd.verdict(rd.paired_test({0: 1.0, 1: 2.0, 2: 3.5}, {0: 2.0, 1: 3.1, 2: 4.0}), "lower") == \
-        "above the strongest baseline"
+        "holds: above the strongest baseline (Holm p < 0.05)"
 
 
 def test_unmeasured_ledger_says_how_to_measure(tmp_path):

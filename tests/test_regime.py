@@ -24,8 +24,8 @@ def _bs(ours: list[float], paper: list[float], ids: list[str] | None = None) -> 
 
 
 def test_places_share_ties_and_follow_the_direction():
-    assert places([3.0, 1.0, 3.0, 2.0], "higher") == [1, 4, 1, 3]
-    assert places([3.0, 1.0, 3.0, 2.0], "lower") == [3, 1, 3, 2]
+    assert places([3.0, 1.0, 3.0, 2.0], "higher") == [1.5, 4, 1.5, 3]  # ties: the average place (issue 56)
+    assert places([3.0, 1.0, 3.0, 2.0], "lower") == [3.5, 1, 3.5, 2]
 
 
 def test_four_or_more_baselines_need_rank_agreement():
@@ -57,7 +57,8 @@ def test_fewer_than_four_baselines_need_the_papers_order():
     assert check(_bs([3, 2, 1], [30, 20, 10]), "higher").agrees
     r = check(_bs([3, 1, 2], [30, 20, 10]), "higher")
     assert not r.agrees and "order must be the paper's" in r.reason
-    assert check(_bs([5], [1]), "higher").agrees  # one baseline: trivially the paper's order
+    one = check(_bs([5], [1]), "higher")  # one baseline: no order to check (issue 56; was "agrees")
+    assert one.agrees is None and one.verdict_block == REGIME_UNCHECKED and "unchecked: one baseline (M0)" in one.text()
     none = check([Baseline("m", "M", 1.0, math.nan)], "higher")
     assert none.agrees is None and none.verdict_block == REGIME_UNCHECKED
 
@@ -84,7 +85,8 @@ def test_paper_table_prints_not_judged_where_the_regime_differs(toy, tmp_path, p
     assert set(cells["regime_agrees"].dropna()) == {agrees}
     if agrees:
         assert (tests["regime"] == "agrees").all() and REGIME_DIFFERS not in md
-        assert tests.loc["Base", "verdict"] == "not different (p ≥ 0.05)"
+        # two baselines: any order of two agrees by chance half the time, so the check is weak (issue 56)
+        assert tests.loc["Base", "verdict"].startswith("not shown, on a weak regime check (p = 0.5) (gain +2.00 [")
     else:
         assert "differs: with 2 baselines (< 4) the order must be the paper's" in md
         assert (tests["verdict"] == REGIME_DIFFERS).all() and tests["regime"].str.startswith("differs").all()
@@ -96,7 +98,7 @@ def test_paper_table_prints_not_judged_where_the_regime_differs(toy, tmp_path, p
 def test_ledger_verdicts_are_not_judged_where_the_regime_differs(tmp_path):
     agrees = rd.load_ledger(make_repo(tmp_path / "a", measured=RUNS))
     assert rd.regime(agrees).agrees
-    assert rd.side(agrees, "qffl", rd.strongest(agrees)).verdict == "above the strongest baseline"
+    assert rd.side(agrees, "qffl", rd.strongest(agrees)).verdict.startswith("holds: above the strongest baseline (Holm p < 0.05)")
     # the paper ranks Local above FedAvg; ours the other way: nothing is judged, nothing flips
     paper = copy.deepcopy(PAPER)
     paper["tables"]["t1"]["cells"][1]["value"] = 70.0
@@ -123,3 +125,29 @@ def test_means_equal_to_the_printed_digit_tie():
     assert rounded.rho == pytest.approx(check(_bs([76.69, 75.88, 75.88, 74.40, 73.47],
                                                   [96.18, 97.00, 96.82, 91.80, 83.59]), "higher").rho)
     assert rounded.rho != pytest.approx(check(raw, "higher").rho)
+
+
+# -- issue 56: how strong the check is ---------------------------------------------------------
+
+def test_the_permutation_p_of_a_perfect_order_of_five_is_one_in_120():
+    r = check(_bs([90, 80, 70, 60, 50], [98, 97, 96, 95, 94]), "higher")
+    assert r.perm_p == pytest.approx(1 / 120) and r.agrees and not r.weak
+    assert "permutation p = 0.0083" in r.text() and "weak" not in r.text()
+
+
+def test_a_check_that_agrees_by_chance_often_is_printed_weak():
+    # one swap of four: ρ = 0.8 agrees, but 4 of the 24 orderings do at least as well (p = 1/6)
+    r = check(_bs([80, 90, 70, 60], [98, 97, 96, 95]), "higher")
+    assert r.agrees and r.perm_p == pytest.approx(4 / 24) and r.weak
+    assert "agrees, weak (p = 0.17 > 0.05)" in r.text()
+    assert r.strength() == ", on a weak regime check (p = 0.17)"
+
+
+def test_a_missing_or_unconverged_baseline_is_named_and_ties_print_as_equal():
+    bs = _bs([90, math.nan, 80, 80, 60], [98, 97, 96, 95, 94])
+    r = check(bs, "higher", moving={"m4"})
+    assert [b.id for b in r.baselines] == ["m0", "m2", "m3"]
+    assert r.dropped == (("M1", "no stand-in value"), ("M4", "not converged"))
+    text = r.text()
+    assert "left out: M1 (no stand-in value), M4 (not converged)" in text
+    assert "ours M0 > M2 = M3" in text  # a tie is a tie, not an order

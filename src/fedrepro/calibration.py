@@ -31,7 +31,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from .bounded_run import ProgramFailed, run_bounded
-from .io import canonical_json, read_json, read_regular, write_json_atomic
+from .io import canonical_json, read_json, write_json_atomic
+from .kernels import cpu_name  # noqa: F401  (calibrations are keyed by it; callers import it from here)
 from .registry import ConfigError, show
 
 #: Where calibrations are cached, relative to the working directory (the workflow's): one file per
@@ -93,18 +94,6 @@ def model_spec(cell: dict[str, Any], datasets: dict[str, dict]) -> ModelSpec:
 
 
 # -- the machine --------------------------------------------------------------------------------------
-
-def cpu_name(cpuinfo: str = "/proc/cpuinfo") -> str:
-    """The CPU's model name (Linux), else what the platform says."""
-    try:
-        text = read_regular(cpuinfo, 1 << 20).decode("utf-8", "replace")
-    except (OSError, ValueError):
-        text = ""
-    for line in text.splitlines():
-        if line.startswith("model name") and ":" in line:
-            return " ".join(line.split(":", 1)[1].split())[:120]
-    return platform.processor() or platform.machine() or "unknown"
-
 
 def device_name(device) -> str:
     """The name calibrations are keyed by: 'cpu: <model name>' or 'cuda: <GPU name>'."""

@@ -16,6 +16,9 @@ and `fedrepro readings --check` name a level difference instead of reporting a b
 from __future__ import annotations
 
 import os
+import platform
+
+from .io import read_regular
 
 ENV = "FEDREPRO_KERNELS"
 DEFAULT = "avx2"
@@ -60,8 +63,6 @@ def in_force() -> dict[str, str | None]:
     set, and the CPU's model name."""
     import torch
 
-    from .calibration import cpu_name
-
     try:
         level = requested()
     except KernelLevelError:
@@ -81,3 +82,15 @@ def difference(recorded: str | None, here: str) -> str:
     if recorded is None or recorded == here:
         return ""
     return f"recorded under another kernel level ({recorded}, here {here})"
+
+
+def cpu_name(cpuinfo: str = "/proc/cpuinfo") -> str:
+    """The CPU's model name (Linux), else what the platform says."""
+    try:
+        text = read_regular(cpuinfo, 1 << 20).decode("utf-8", "replace")
+    except (OSError, ValueError):
+        text = ""
+    for line in text.splitlines():
+        if line.startswith("model name") and ":" in line:
+            return " ".join(line.split(":", 1)[1].split())[:120]
+    return platform.processor() or platform.machine() or "unknown"

@@ -21,7 +21,7 @@ from fedrepro.report.plateau import NOT_CONVERGED, PLATEAU_TOLERANCE, by_cell, m
 from fedrepro.report.regime import Baseline, Regime
 from fedrepro.report.regime import check as regime_check
 from fedrepro.report.stats import (ALPHA, LEVEL, WILCOXON_MIN_SEEDS, Deviation, PairedTest, SeedStats, deviation,
-                                   paired_test, seed_stats)
+                                   evidence, evidence_text, holm, paired_test, seed_stats, verdict_word)
 from fedrepro.report.tables import client_notes, latex_escape
 
 MARK = "◇"  # Markdown/HTML; LaTeX: $\diamond$
@@ -185,11 +185,13 @@ def _regimes(table: Table, cells: dict[tuple, CellResult]) -> dict[tuple, Regime
     columns = {c.key[1:] for c in cells.values() if c.key[0] in proposed and not c.row.derived and c.has_value}
     out = {}
     for col in sorted(columns, key=str):
-        base = [Baseline(c.key[0], table.row_name(c.row), c.stats.mean, c.paper) for c in cells.values()
-                if c.key[1:] == col and c.key[0] not in proposed and not c.row.derived and c.has_value
-                and c.paper is not None]
+        # every baseline row the paper has a value for: one without a value of ours is named as dropped
+        rows = [c for c in cells.values() if c.key[1:] == col and c.key[0] not in proposed and not c.row.derived
+                and c.paper is not None and (c.has_value or c.status in (MISSING, FAILED, NO_KIND))]
+        base = [Baseline(c.key[0], table.row_name(c.row), c.stats.mean if c.has_value else math.nan, c.paper) for c in rows]
+        moving = {c.key[0] for c in rows if c.converged is False}  # not at its plateau: its place is not its own
         metric = table.metric(next(k for k in cells if k[1:] == col))
-        out[col] = regime_check(base, metric.better, metric.decimals)
+        out[col] = regime_check(base, metric.better, metric.decimals, moving)
     return out
 
 
@@ -401,8 +403,11 @@ def notes(res: TableResult) -> list[str]:
         used_tests = sorted({tr.result.test for tr in res.tests if tr.result.test != "none"})
         out.append(f"Paired tests ({', '.join(used_tests) or 'none possible'}): {', '.join(t.name('method', m) for m in t.proposed)} "
                    f"against each baseline, same column, paired by seed; Wilcoxon signed-rank from {WILCOXON_MIN_SEEDS} "
-                   f"common seeds on (its n: the non-zero differences it ranks), paired t-test below; two-sided, no "
-                   f"correction for multiple tests; no p where every difference is the same (the tests are undefined).")
+                   f"common seeds on (its n: the non-zero differences it ranks), paired t-test below; two-sided; the verdict "
+                   f"reads the Holm-adjusted p over the column's tests: holds / contradicted where it is below {ALPHA} "
+                   f"(the gain positive / negative), not shown otherwise; beside it the mean gain with its 95 % interval, "
+                   f"P(A > B) over seeds (ties count half) and the gain the seeds detect at 80 % power; no p where "
+                   f"every difference is the same (the tests are undefined).")
     note = " ".join(client_notes(res.frame)) if len(res.frame) else ""
     if note:
         out.append(note)
@@ -444,10 +449,11 @@ def _moved_text(change: float, moved: float, d: int) -> str:
 
 
 def test_verdict(res: TableResult, tr: TestResult) -> str:
-    """The verdict of one paired test: the proposed row above / below the baseline (better / worse
-    in the metric's direction, p < ALPHA) or not different; "not judged: ..." where the column's
-    regime check disagrees (report/regime.py), where a side has not reached a plateau, or where
-    the test is undefined."""
+    """The verdict of one paired test (issue 56): holds / contradicted (the Holm-adjusted p over the
+    column's paired tests below ALPHA, the proposed row better / worse in the metric's direction) or
+    not shown, each with its evidence (stats.evidence_text); "not judged: ..." where the column's
+    regime check disagrees (report/regime.py), where a side has not reached a plateau, or where the
+    test is undefined. A weak regime check is said beside the verdict."""
     blocks = []
     regime = res.regimes.get(tr.col_key)
     if regime is not None and regime.verdict_block:
@@ -459,10 +465,12 @@ def test_verdict(res: TableResult, tr: TestResult) -> str:
     r = tr.result
     if r.test == "none" or not np.isfinite(r.p):
         return f"not judged ({r.note})" if r.note else "not judged"
-    if r.p >= ALPHA:
-        return f"not different (p ≥ {ALPHA})"
-    better = res.table.metric(tr.proposed_key).better
-    return "above" if (r.mean_diff > 0) == (better == "higher") else "below"
+    family = [t for t in res.tests if t.col_key == tr.col_key]
+    p_holm = holm([t.result.p for t in family])[family.index(tr)]
+    metric = res.table.metric(tr.proposed_key)
+    e = evidence(res.cells[tr.proposed_key].values, res.cells[tr.baseline_key].values, metric.better)
+    return (f"{verdict_word(e.gain, p_holm)}{regime.strength() if regime is not None else ''} "
+            f"({evidence_text(e, p_holm, metric.decimals)})")
 
 
 def regime_notes(res: TableResult) -> list[str]:
@@ -478,8 +486,11 @@ def regime_notes(res: TableResult) -> list[str]:
     if out:
         out.append("Regime check: our baseline rows' means against the paper's values for the same rows (src/fedrepro/"
                    "report/regime.py): it agrees with ρ ≥ 0.6 or τ ≥ 0.45 and Local and FedAvg within one place of the "
-                   "paper's, and with fewer than four baselines where the order is the paper's; conventions of this "
-                   "project. Only where it agrees and both rows reached a plateau is a test given a verdict.")
+                   "paper's, and with two or three baselines where the order is the paper's; one baseline is unchecked; "
+                   "ties take the average place; rows without a value or not converged are left out and named; "
+                   "conventions of this project. The permutation p is the share of orderings of our baselines that "
+                   "agree with the paper's at least as well (Spearman ρ); above 0.05 the check is 'weak'. Only where it "
+                   "agrees and both rows reached a plateau is a test given a verdict.")
     return out
 
 
@@ -677,7 +688,7 @@ CELL_COLUMNS = ["paper_id", "table", "section", "row", *DIMS, "unit", "label", "
                 "column", "status", "n_seeds", "n_failed", "seeds", "mean", "std", "ci95_low", "ci95_high", "paper",
                 "paper_pm", "paper_pm_kind", "paper_mark", "diff", "beyond_spread", "deviation_test", "deviation_p",
                 "rank_ours", "reduced", "note", "last_change", "last_rounds", "converged", "regime_rho", "regime_tau",
-                "regime_agrees"]
+                "regime_agrees", "regime_perm_p", "regime_weak"]
 TEST_COLUMNS = ["paper_id", "table", "proposed", "baseline", "dataset", "setting", "metric", "n", "mean_diff", "test",
                 "statistic", "p", "note", "convergence", "regime", "verdict"]
 
@@ -725,9 +736,10 @@ def tests_frame(res: TableResult) -> pd.DataFrame:
 def _regime_fields(regime: Regime | None) -> dict:
     """The cells CSV's regime columns: the column's ρ, τ and whether it agrees (None: no check)."""
     if regime is None:
-        return {"regime_rho": None, "regime_tau": None, "regime_agrees": None}
+        return {"regime_rho": None, "regime_tau": None, "regime_agrees": None, "regime_perm_p": None, "regime_weak": None}
     fin = lambda v: v if np.isfinite(v) else None  # noqa: E731
-    return {"regime_rho": fin(regime.rho), "regime_tau": fin(regime.tau), "regime_agrees": regime.agrees}
+    return {"regime_rho": fin(regime.rho), "regime_tau": fin(regime.tau), "regime_agrees": regime.agrees,
+            "regime_perm_p": fin(regime.perm_p), "regime_weak": regime.weak}
 
 
 def _regime_text(res: TableResult, tr: TestResult) -> str | None:

@@ -14,6 +14,7 @@ docs/papers.md). Statistics: report/stats.py (mean ± std over seeds, paired tes
 from __future__ import annotations
 
 import ast
+import math
 import datetime
 import html
 import importlib.util
@@ -35,7 +36,8 @@ from fedrepro.report.papers import PUBLISHED_DIR, Metric, Paper, Target, load_pu
 from fedrepro.report.plateau import NOT_CONVERGED, PLATEAU_TOLERANCE, Movement, by_cell, movement, rounds_text, seed_changes
 from fedrepro.report.regime import Baseline, Regime
 from fedrepro.report.regime import check as regime_check
-from fedrepro.report.stats import ALPHA, WILCOXON_MIN_SEEDS, PairedTest, SeedStats, paired_test, seed_stats
+from fedrepro.report.stats import (ALPHA, CONTRADICTED, HOLDS, NOT_SHOWN, WILCOXON_MIN_SEEDS, PairedTest, SeedStats, holm,
+                                   paired_test, seed_stats, verdict_word)
 
 MARKS = ("RECON", "PAPER≠CODE")
 #: a mark in source text: [RECON], [PAPER≠CODE], also "[RECON: ...]" and "[PAPER≠CODE, ...]"
@@ -418,6 +420,7 @@ class Side:
     vs_best: PairedTest | None
     verdict: str
     movement: Movement | None = None  # its last change between evaluations (None: not recorded)
+    p_holm: float | None = None  # the Holm-adjusted p against the strongest baseline (verdict)
 
 
 def values(ledger: Ledger, name: str) -> dict[int, float]:
@@ -471,20 +474,39 @@ def regime(ledger: Ledger) -> Regime | None:
     for name in dict.fromkeys(ledger.headline.baselines):
         key, mean = ledger.keys.get(name), seed_stats(values(ledger, name).values()).mean
         cell = table.cells.get(key) if key else None
-        if name != ledger.headline.proposed and cell is not None and cell.value is not None and np.isfinite(mean):
-            base.append(Baseline(key[0], ledger.paper.name("method", key[0]), mean, cell.value))
+        if name != ledger.headline.proposed and key:  # one without a value on either side is named as dropped
+            paper = cell.value if cell is not None and cell.value is not None else math.nan
+            base.append(Baseline(key[0], ledger.paper.name("method", key[0]), mean, paper))
     return regime_check(base, ledger.metric.better, ledger.metric.decimals)
 
 
-def verdict(test: PairedTest | None, better: str) -> str:
-    """above / below the strongest baseline (better / worse on the metric's direction), or not different."""
+def verdict(test: PairedTest | None, better: str, p_holm: float | None = None) -> str:
+    """holds / contradicted (above / below the strongest baseline: the Holm-adjusted p of the test,
+    over this label's tests against every headline baseline, below ALPHA) or not shown (issue 56).
+    `p_holm` None: the test's own p (a family of one)."""
     if test is None:
         return f"{NOT_JUDGED} (no baseline measured)"
     if test.test == "none" or not np.isfinite(test.p):
         return f"{NOT_JUDGED} ({test.note})"
-    if test.p >= ALPHA:
-        return "not different (p ≥ 0.05)"
-    return "above the strongest baseline" if (test.mean_diff > 0) == (better == "higher") else "below the strongest baseline"
+    p = test.p if p_holm is None else p_holm
+    gain = test.mean_diff if better == "higher" else -test.mean_diff
+    word = verdict_word(gain, p)
+    if word == NOT_SHOWN:
+        return f"{NOT_SHOWN} against the strongest baseline (Holm p ≥ {ALPHA})"
+    return f"{word}: {'above' if word == HOLDS else 'below'} the strongest baseline (Holm p < {ALPHA})"
+
+
+def holm_vs_best(ledger: Ledger, label: str, v: dict[int, float], best: str | None) -> float | None:
+    """The Holm-adjusted p of `label` against `best` within the family of its paired tests against
+    every measured headline baseline (the column's comparisons); None without a best."""
+    if not best:
+        return None
+    others = [b for b in dict.fromkeys(ledger.headline.baselines) if b not in (label, ledger.headline.proposed)]
+    tests = {b: paired_test(v, values(ledger, b)) for b in others if values(ledger, b)}
+    if best not in tests:
+        return None
+    names = list(tests)
+    return holm([tests[b].p for b in names])[names.index(best)]
 
 
 def side(ledger: Ledger, label: str, best: str | None) -> Side:
@@ -494,13 +516,16 @@ def side(ledger: Ledger, label: str, best: str | None) -> Side:
         warnings.simplefilter("ignore", RuntimeWarning)
         vs_fedavg = paired_test(v, values(ledger, fedavg)) if label != fedavg else None
         vs_best = paired_test(v, values(ledger, best)) if best else None
-    judged = verdict(vs_best, ledger.metric.better) if v else "not measured"
+        p_holm = holm_vs_best(ledger, label, v, best) if v else None
+    judged = verdict(vs_best, ledger.metric.better, p_holm) if v else "not measured"
     if v and (still_moving(ledger, label) or still_moving(ledger, best)):
         judged = NOT_CONVERGED
     check = regime(ledger)
     if v and check is not None and check.verdict_block:  # out of the paper's regime: nothing is judged
         judged = check.verdict_block + (f"; {NOT_CONVERGED}" if judged == NOT_CONVERGED else "")
-    return Side(label, v, seed_stats(v.values()), vs_fedavg, vs_best, judged, moved(ledger, label))
+    elif v and check is not None and check.weak and judged.startswith((HOLDS, CONTRADICTED, NOT_SHOWN)):
+        judged += check.strength()
+    return Side(label, v, seed_stats(v.values()), vs_fedavg, vs_best, judged, moved(ledger, label), p_holm)
 
 
 def flips(default: Side, option: Side) -> str:
@@ -536,7 +561,8 @@ def _side_lines(ledger: Ledger, s: Side, best: str | None) -> list[str]:
         if s.vs_fedavg is not None and best != fedavg:
             out.append(f"− {ledger.paper.name('method', fedavg)}: {paired_text(s.vs_fedavg, d)}")
         if s.vs_best is not None:
-            out.append(f"− {name} (the strongest baseline): {paired_text(s.vs_best, d)}")
+            holm_p = "" if s.p_holm is None or not np.isfinite(s.p_holm) else f", Holm p = {s.p_holm:.3g}"
+            out.append(f"− {name} (the strongest baseline): {paired_text(s.vs_best, d)}{holm_p}")
     out.append(f"verdict: {s.verdict}")
     return out
 

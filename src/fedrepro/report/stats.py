@@ -156,3 +156,89 @@ def paired_test(proposed: Mapping[int, float], baseline: Mapping[int, float],
         return PairedTest("Wilcoxon signed-rank", len(nonzero), mean_diff, float(res.statistic), float(res.pvalue), note)
     res = sps.ttest_rel([proposed[s] for s in seeds], [baseline[s] for s in seeds])
     return PairedTest("paired t", n, mean_diff, float(res.statistic), float(res.pvalue))
+
+
+# -- verdict words tied to the evidence (issue 56) ------------------------------------------------
+
+POWER = 0.80  # the power at which the detectable difference is stated
+HOLDS, CONTRADICTED, NOT_SHOWN = "holds", "contradicted", "not shown"
+
+
+def holm(pvalues: list[float]) -> list[float]:
+    """Holm's step-down adjustment of a family of p-values (NaN entries stay NaN and are not counted)."""
+    idx = sorted((i for i, p in enumerate(pvalues) if np.isfinite(p)), key=lambda i: pvalues[i])
+    m, out, running = len(idx), [math.nan] * len(pvalues), 0.0
+    for rank, i in enumerate(idx):
+        running = max(running, min(1.0, (m - rank) * pvalues[i]))
+        out[i] = running
+    return out
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """What a verdict on "A better than B" rests on, paired by seed, in the metric's unit and direction
+    (`gain`: A - B where higher is better, B - A where lower is)."""
+
+    n: int
+    gain: float  # the mean paired gain
+    ci_low: float  # its 95 % Student-t interval (NaN with fewer than 2 seeds or no spread)
+    ci_high: float
+    p_better: float  # P(A > B) over seeds: the share of seeds A wins, ties counting half
+    detectable: float  # the smallest gain the seeds detect at POWER (two-sided, ALPHA), at least one resolution unit
+    seeds_to_decide: int | None  # seeds that would detect the observed gain at the observed spread (None: never)
+
+
+def evidence(a: Mapping[int, float], b: Mapping[int, float], better: str = "higher",
+             resolution: float = 0.0, alpha: float = ALPHA, power: float = POWER) -> Evidence:
+    """The paired evidence over the seeds both have (module docstring of issue 56's verdict words).
+    `resolution`: one test sample in the metric's unit; a spread below it (identical scores) is taken
+    as one resolution unit, so that a tie of 3 seeds does not claim to detect any difference."""
+    from scipy import stats as sps  # here: see t_quantile
+
+    seeds = sorted(s for s in a if s in b and np.isfinite(a[s]) and np.isfinite(b[s]))
+    sign = 1.0 if better == "higher" else -1.0
+    d = np.asarray([sign * (a[s] - b[s]) for s in seeds], dtype=float)
+    n = len(d)
+    if n == 0:
+        return Evidence(0, math.nan, math.nan, math.nan, math.nan, math.nan, None)
+    gain = float(d.mean())
+    p_better = float((np.sum(d > 0) + 0.5 * np.sum(d == 0)) / n)
+    if n < 2:
+        return Evidence(n, gain, math.nan, math.nan, p_better, math.nan, None)
+    s = float(d.std(ddof=1))
+    margin = t_quantile(n) * s / math.sqrt(n)
+    low, high = (gain - margin, gain + margin) if s > 0 else (math.nan, math.nan)
+    spread = max(s, resolution)
+
+    def detectable_at(k: int) -> float:
+        return (float(sps.t.ppf(1 - alpha / 2, k - 1)) + float(sps.t.ppf(power, k - 1))) * spread / math.sqrt(k)
+
+    detect = max(detectable_at(n), resolution) if spread > 0 else math.nan
+    need = None
+    if spread > 0 and abs(gain) > 0:
+        need = next((k for k in range(2, 10_001) if detectable_at(k) <= abs(gain)), None)
+    return Evidence(n, gain, low, high, p_better, detect, need)
+
+
+def verdict_word(gain: float, p_holm: float, alpha: float = ALPHA) -> str:
+    """holds (Holm-adjusted p below alpha, the gain positive), contradicted (the same, negative),
+    else not shown."""
+    if np.isfinite(p_holm) and p_holm < alpha and np.isfinite(gain) and gain != 0:
+        return HOLDS if gain > 0 else CONTRADICTED
+    return NOT_SHOWN
+
+
+def evidence_text(e: Evidence, p_holm: float, decimals: int = 2) -> str:
+    """The evidence beside a verdict: gain [95 % interval], P(A > B), Holm p, detectable gain and,
+    where not shown, the largest gain not excluded and the seeds that would decide."""
+    f = lambda v: "n/a" if not np.isfinite(v) else f"{v:+.{decimals}f}"  # noqa: E731
+    parts = [f"gain {f(e.gain)} [{f(e.ci_low)}, {f(e.ci_high)}]", f"P(A > B) {e.p_better:.2f}",
+             f"Holm p {'n/a' if not np.isfinite(p_holm) else f'{p_holm:.3g}'}",
+             f"detectable at {POWER:.0%} power {'n/a' if not np.isfinite(e.detectable) else f'{e.detectable:.{decimals}f}'}"]
+    if verdict_word(e.gain, p_holm) == NOT_SHOWN:
+        largest = e.ci_high if np.isfinite(e.ci_high) else e.detectable
+        if np.isfinite(largest):
+            parts.append(f"a gain up to {largest:.{decimals}f} not excluded")
+        parts.append(f"{e.seeds_to_decide} seeds would decide at this spread" if e.seeds_to_decide
+                     else "no number of seeds decides a zero gain" if e.gain == 0 else "undecidable at this spread")
+    return ", ".join(parts)
