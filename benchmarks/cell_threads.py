@@ -35,10 +35,10 @@ from script_inputs import OneLineParser, experiment_file, positive_int  # noqa: 
 MODES = {"side by side, 1 thread": (1, None), "in turn, 2 threads": (2, 1)}
 
 
-def snakemake(work: Path, config: Path, *args: str) -> float:
+def snakemake(work: Path, config: Path, *args: str, env: dict | None = None) -> float:
     cmd = [sys.executable, "-m", "snakemake", "--workflow-profile", str(REPO / "workflow/profiles/local"), "--snakefile",
            str(REPO / "Snakefile"), "--directory", str(work), "--configfile", str(config), *args]
-    env = {**os.environ, "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")}
+    env = {**os.environ, **(env or {}), "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")}
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, env=env)
     if proc.returncode != 0:

@@ -24,14 +24,14 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def _env(level: str) -> dict:
-    env = {k: v for k, v in os.environ.items() if k not in kernels.VARIABLES}
-    return env | {kernels.ENV: level}
+    return dict(os.environ) | {kernels.ENV: level}  # the suite's capped variables inherited, as a job inherits them
 
 
 def _native_capability() -> str:
     """What torch picks on this CPU with no cap, in a fresh process."""
     code = "import torch; print(torch.backends.cpu.get_cpu_capability())"
-    return subprocess.run([sys.executable, "-c", code], env=_env("native"), capture_output=True, text=True,
+    env = {k: v for k, v in os.environ.items() if k not in kernels.VARIABLES}
+    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                           check=True).stdout.strip()
 
 

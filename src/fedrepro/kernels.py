@@ -8,7 +8,7 @@ their kernels by the CPU unless told, and each reads its variable once, at its f
 runs at `import fedrepro`, before any torch operation.
 
 FEDREPRO_KERNELS chooses the level: `avx2` (the default: reproducibility is what this project
-sells), `avx512`, or `native` (no cap: each library's own choice, faster on some CPUs). The level
+sells), `avx512`, or `native` (no cap: the three variables are removed, each library chooses). The level
 in force is recorded in provenance.json (`kernels`) and in a calibration's key; `fedrepro verify`
 and `fedrepro readings --check` name a level difference instead of reporting a bare mismatch.
 """
@@ -51,9 +51,11 @@ def apply() -> str:
     the first torch operation: each library reads its variable once."""
     level = requested()
     values = LEVELS[level]
-    if values is not None:
-        for name, value in zip(VARIABLES, values):
-            os.environ[name] = value
+    for i, name in enumerate(VARIABLES):
+        if values is None:  # native: each library's own choice, also where a parent process had capped them
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = values[i]
     return level
 
 

@@ -320,6 +320,9 @@ def _measured(m: Any, where: str) -> dict | None:
         if not ok:
             raise ConfigError(f"{where}: labels.{name} has value {show(values)}; allowed: {{seed: value}} "
                               f"(rerun `fedrepro readings --record`)")
+    if m.get("kernels") is not None and not isinstance(m["kernels"], str):  # optional: recorded before issue 56
+        raise ConfigError(f"{where}: key 'kernels' has value {show(m['kernels'])}; allowed: the CPU kernel levels "
+                          f"of the cells, as `fedrepro readings --record` writes them (e.g. 'AVX2')")
     changes = m.get("changes")  # optional: a block recorded before the plateau check has none
     if changes is not None and not isinstance(changes, dict):
         raise ConfigError(f"{where}: key 'changes' has value {show(changes)}; allowed: {{name: {{seed: [round before, "
@@ -730,8 +733,28 @@ def measured_block(ledger: Ledger, results: str | Path, cells: list[dict]) -> di
         changes[name] = {str(s): [a, b, round(c, 6)] for s, (a, b, c) in seed_changes(runs, t, kind, raw).items()}
     column = next(iter(ledger.targets.values())).column
     return {"source": Path(results).as_posix(), "date": datetime.date.today().isoformat(),
-            "seeds": sorted({int(c["seed"]) for c in ledger.exp["cells"]}), "column": column, "kinds": kinds,
-            "labels": labels, "changes": changes}
+            "seeds": sorted({int(c["seed"]) for c in ledger.exp["cells"]}), "column": column,
+            "kernels": kernel_levels(ledger, results), "kinds": kinds, "labels": labels, "changes": changes}
+
+
+def kernel_levels(ledger: Ledger, results: str | Path) -> str:
+    """The CPU kernel levels (fedrepro/kernels.py) the ledger's cells under `results` recorded in their
+    provenance.json, joined by ', ' ('unrecorded' for a cell written before issue 56)."""
+    from fedrepro.custody import ResultsError, read_bounded_json
+    from fedrepro.kernels import capability
+
+    wanted = {(t.dataset, t.partition, t.label) for t in ledger.targets.values()}
+    found = set()
+    for c in ledger.exp["cells"]:
+        if (c["dataset"], c["partition"], c["label"]) in wanted:
+            p = Path(results) / "runs" / c["dataset"] / c["partition"] / c["label"] / f"seed{c['seed']}" / "provenance.json"
+            try:
+                prov = read_bounded_json(p, what="provenance file") if p.is_file() else None
+            except (ResultsError, OSError, ValueError):
+                prov = None
+            if isinstance(prov, dict):
+                found.add(capability(prov) or "unrecorded")
+    return ", ".join(sorted(found)) or "unrecorded"
 
 
 def measure(ledger: Ledger, results: str | Path, skip_unreadable: bool = False) -> tuple[dict, list[Unread]]:
@@ -796,6 +819,9 @@ def verify(ledger: Ledger) -> tuple[str | None, list[str], list[str]]:
     for key in ("seeds", "column"):
         if key in m:
             differ(key, m[key], new[key])
+    # values recorded under another CPU kernel level may differ by a test sample or two without being wrong
+    level = kernel_note(m.get("kernels"), new["kernels"])
+    count = len(problems)
     for name, t in ledger.targets.items():
         if new["kinds"][name] is not None and name in (m.get("kinds") or {}):
             differ(f"kinds.{name}", m["kinds"][name], new["kinds"][name])
@@ -805,7 +831,17 @@ def verify(ledger: Ledger) -> tuple[str | None, list[str], list[str]]:
             for seed in sorted(set(got) | set(want)):
                 if (t.label, seed) not in skip:
                     differ(f"{block}.{name} seed {seed}", got.get(seed), want.get(seed))
+    if level and len(problems) > count:
+        problems[count:] = [f"{line} ({level})" for line in problems[count:]]
     return rel, problems, notes
+
+
+def kernel_note(recorded: Any, here: str) -> str:
+    """'recorded under another kernel level (X, here Y)' where the ledger names its level and the results
+    another; '' where they agree or the ledger names none (recorded before issue 56)."""
+    if not isinstance(recorded, str) or recorded == here:
+        return ""
+    return f"recorded under another kernel level ({recorded}, here {here})"
 
 
 def replace_measured(source: str, measured: dict) -> str:
