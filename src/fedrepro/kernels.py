@@ -18,8 +18,6 @@ from __future__ import annotations
 import os
 import platform
 
-from .io import read_regular
-
 ENV = "FEDREPRO_KERNELS"
 DEFAULT = "avx2"
 #: level -> (ATEN_CPU_CAPABILITY, ONEDNN_MAX_CPU_ISA, MKL_ENABLE_INSTRUCTIONS); native sets none
@@ -88,6 +86,8 @@ def difference(recorded: str | None, here: str) -> str:
 
 def cpu_name(cpuinfo: str = "/proc/cpuinfo") -> str:
     """The CPU's model name (Linux), else what the platform says."""
+    from .io import read_regular  # here: `import fedrepro` (which applies the cap) stays free of numpy
+
     try:
         text = read_regular(cpuinfo, 1 << 20).decode("utf-8", "replace")
     except (OSError, ValueError):
