@@ -261,7 +261,7 @@ def test_every_paper_config_has_its_tables(path):
     assert plan is not None and plan.paper.id == path.stem.removesuffix("_cpu")
     assert plan.reduced == path.stem.endswith("_cpu")
     expected = {"fedcrc": ["table1", "table2"], "grp_fed": ["table1", "fig5"], "fedcosr": ["table2", "fairness", "scarcity"],
-                "fedcrc_cpu": ["table1", "table2"], "grp_fed_cpu": ["table1"], "fedcosr_cpu": ["table2", "scarcity"],
+                "fedcrc_cpu": ["table1", "table2", "table2_all_data"], "grp_fed_cpu": ["table1"], "fedcosr_cpu": ["table2", "scarcity"],
                 "fedgcr": ["table1", "table2", "table3", "table4", "table5"], "fedgcr_cpu": ["table1", "table5"],
                 "calibre": ["table1", "methods"], "calibre_cpu": ["table1", "methods"]}
     assert list(plan.tables) == expected[path.stem]
@@ -458,7 +458,7 @@ def test_validate_prints_the_coverage(capsys):
     assert main(["validate", "--each", str(REPO / "config" / "papers" / "fedcrc.yaml"), str(REPO / "config" / "papers" / "fedcrc_cpu.yaml")]) == 0
     out = capsys.readouterr().out
     assert "paper table fedcrc_table1 (FedCRC Table I): 84 of 84 cells from 72 run(s) x 3 seed(s) (every cell)" in out
-    assert "paper table fedcrc_table1 (FedCRC Table I): 7 of 84 cells from 6 run(s) x 3 seed(s) (reduced" in out
+    assert "paper table fedcrc_table1 (FedCRC Table I): 7 of 84 cells from 6 run(s) x 10 seed(s) (reduced" in out
 
 
 def _plan_with(path: Path, edit) -> None:

@@ -97,7 +97,7 @@ def _validate(args) -> None:
         name = " + ".join(paths)
         tuning = (f", {len(exp['tuning_cells'])} tuning trial run(s) for {len(exp['tuning']['labels'])} method label(s)"
                   if exp["tuning"] else "")
-        print(f"{name}: ok, experiment '{exp['experiment']}': {len(exp['partitions'])} partition(s), {len(exp['cells'])} cell(s)"
+        print(f"{name}: ok, experiment '{exp['experiment']}': {_partition_count(exp)}, {len(exp['cells'])} cell(s)"
               + derived_note(exp) + tuning)
         for line in untrained_warnings(exp):
             print(f"{name}: warning: {line}", file=sys.stderr)
@@ -114,6 +114,13 @@ def paper_table_lines(path, exp: dict, config: dict) -> list[str]:
 
     plan = plan_paper_tables(config, exp, config_path=path)
     return coverage_lines(plan) if plan else []
+
+
+def _partition_count(exp: dict) -> str:
+    """"N partition(s)", and the draws where a partition draws one per seed (partitions.<label>.draw)."""
+    n = len({(p["dataset"], p["label"]) for p in exp["partitions"]})
+    draws = len(exp["partitions"])
+    return f"{n} partition(s)" + (f" in {draws} draws (one per seed where draw: per_seed)" if draws > n else "")
 
 
 def cell_id(c: dict) -> str:

@@ -618,6 +618,29 @@ def _model_params(where: str, model: dict) -> dict:
     return resolve_params(f"config key '{where}.params'", MODELS.entry(model["name"]).params, model.get("params"))
 
 
+#: partitions.<label>.draw: one partition for every seed, or a draw of its own per training seed.
+PARTITION_DRAWS = ("fixed", "per_seed")
+
+
+def partition_draws(label: str, spec: dict, draw: Any, seeds: list[int]) -> list[tuple[list[int], dict]]:
+    """The partition draws of `partitions.<label>` as (training seeds served, spec) pairs.
+
+    fixed: one draw, the spec's own `seed`, for every training seed. per_seed: training seed s gets
+    the partition drawn with seed `seed + s` (so seed 0 keeps the fixed draw and its cached shards),
+    one shard folder per draw: the data sampling varies with the seeds, as Bouthillier et al. (MLSys
+    2021) recommend, and a paired test by seed stays paired (both rows of seed s share its draw)."""
+    if draw == "fixed":  # (the schema admits PARTITION_DRAWS only)
+        return [(list(seeds), spec)]
+    base = spec.get("seed", 0)
+    if not isinstance(base, int) or isinstance(base, bool):  # resolve_partition_spec words the refusal
+        return [(list(seeds), spec)]
+    top = base + max(seeds)
+    if top >= 2**32:
+        raise ConfigError(f"config key 'partitions.{label}.seed' has value {base} with draw: per_seed and seeds up to "
+                          f"{max(seeds)}; allowed: seed + the largest seed below 2**32 (numpy RandomState), here {top}")
+    return [([s], {**spec, "seed": base + s}) for s in seeds]
+
+
 def resolve_experiment(config: dict) -> dict[str, Any]:
     """Validate `config` and return {"experiment", "datasets", "partitions", "cells"}.
 
@@ -663,23 +686,25 @@ def resolve_experiment(config: dict) -> dict[str, Any]:
                 raise ConfigError(f"config key 'partitions.{label}.datasets' has value {only}; unknown {unknown}; allowed: the experiment's datasets {sorted(config['datasets'])}")
             if only and ds not in only:
                 continue
-            p = {k: v for k, v in p.items() if k != "datasets"}
+            draw = p.get("draw", "fixed")
+            p = {k: v for k, v in p.items() if k not in ("datasets", "draw")}
             if p["partitioner"] not in _partitioner_names():
                 raise ConfigError(f"config key 'partitions.{label}.partitioner' has value {p['partitioner']!r}; allowed: {', '.join(_partitioner_names())}")
-            spec = {"dataset": ds, "dataset_params": dsinfo["params"], **p}
-            try:
-                resolved = resolve_partition_spec(spec)
-            except ConfigError as exc:
-                raise ConfigError(f"{where}: {exc}") from None
-            k = resolved["params"].get("num_classes_per_partition")
-            if k is not None and k > dsinfo["num_classes"]:
-                raise ConfigError(f"config key 'partitions.{label}.params.num_classes_per_partition' has value {k}; allowed: at most the {dsinfo['num_classes']} classes of {ds}")
-            _check_partition_size(label, ds, dsinfo, resolved)
-            by = resolved["params"].get("partition_by")
-            if by is not None and by not in group_columns(ds):
-                raise ConfigError(f"config key 'partitions.{label}.params.partition_by' has value {show(by)}; allowed: a group "
-                                  f"column of {ds}: {', '.join(group_columns(ds)) or f'none ({ds} has no per-sample groups)'}")
-            partitions.append({"dataset": ds, "label": label, "id": partition_id(spec), "spec": resolved})
+            for seeds, spec in partition_draws(label, {"dataset": ds, "dataset_params": dsinfo["params"], **p}, draw,
+                                               config["seeds"]):
+                try:
+                    resolved = resolve_partition_spec(spec)
+                except ConfigError as exc:
+                    raise ConfigError(f"{where}: {exc}") from None
+                k = resolved["params"].get("num_classes_per_partition")
+                if k is not None and k > dsinfo["num_classes"]:
+                    raise ConfigError(f"config key 'partitions.{label}.params.num_classes_per_partition' has value {k}; allowed: at most the {dsinfo['num_classes']} classes of {ds}")
+                _check_partition_size(label, ds, dsinfo, resolved)
+                by = resolved["params"].get("partition_by")
+                if by is not None and by not in group_columns(ds):
+                    raise ConfigError(f"config key 'partitions.{label}.params.partition_by' has value {show(by)}; allowed: a group "
+                                      f"column of {ds}: {', '.join(group_columns(ds)) or f'none ({ds} has no per-sample groups)'}")
+                partitions.append({"dataset": ds, "label": label, "id": partition_id(spec), "spec": resolved, "seeds": seeds})
     base_training = config.get("training") or {}
     evaluation = _merge(EVALUATION_DEFAULTS, config.get("evaluation"))
     for part in partitions:
@@ -706,8 +731,13 @@ def resolve_experiment(config: dict) -> dict[str, Any]:
         methods[label] = (method, hp, m.get("training"), own_model)
     finetune_rows = {label: _finetune_row(label, config["methods"][label], of, methods) for label, of in finetune_of.items()}
     methods = {label: methods.get(label) or finetune_rows[label] for label in config["methods"]}  # in the config's order
+    label_seeds = {label: _label_seeds(label, m or {}, config["seeds"]) for label, m in config["methods"].items()}
+    draws: dict[tuple[str, str], dict[int, dict]] = {}  # (dataset, label) -> training seed -> its partition draw
     for part in partitions:
-        ds = part["dataset"]
+        for seed in part["seeds"]:
+            draws.setdefault((part["dataset"], part["label"]), {})[seed] = part
+    for (ds, _), by_seed in draws.items():
+        part = by_seed[config["seeds"][0]]  # the draws differ only in their seed: one stands for the checks
         for label, (method, hp, method_training, own_model) in methods.items():
             model = own_model or datasets[ds]["model"]
             if own_model:
@@ -740,9 +770,9 @@ def resolve_experiment(config: dict) -> dict[str, Any]:
                 raise ConfigError(f"config key '{where}.augment' has value {t['augment']!r}; allowed: 'none' for {ds}, whose "
                                   f"samples of shape {shape} are {problem}"
                                   + (f" (or datasets.{ds}.params.image_size of at least {4 * CROP_PADDING})" if resizable else ""))
-            for seed in config["seeds"]:
+            for seed in label_seeds[finetune_of.get(label, label)]:
                 cells.append({
-                    "experiment": name, "dataset": ds, "partition": part["label"], "partition_id": part["id"],
+                    "experiment": name, "dataset": ds, "partition": part["label"], "partition_id": by_seed[seed]["id"],
                     "method": method, "label": label, "hparams": hp, "model": model,
                     "seed": seed, "training": t, "evaluation": evaluation,
                     **({"sweep": sweeps[label]} if label in sweeps else {}),  # the swept values: summary.csv's sweep.* columns
@@ -756,6 +786,10 @@ def resolve_experiment(config: dict) -> dict[str, Any]:
                             BUDGETS["cells"])
     tuning_cells = _tuning_cells(tuning, cells, base_training, datasets, methods, partitions, lever_reach) if tuning else []
     _check_lever_targets(lever_reach)
+    for label in tuning["labels"] if tuning else ():
+        if (config["methods"][label] or {}).get("seeds") is not None:
+            raise ConfigError(f"config key 'methods.{label}.seeds' is set on a label that `tuning` tunes; allowed: a tuned "
+                              "label trains every seed of `seeds` (its selection maps final seeds to tuning seeds)")
     for c in cells:
         if tuning and c["label"] in tuning["labels"]:
             c["tuned"] = True  # its hyper-parameters come from the selection (`fedrepro train --tuned`)
@@ -774,6 +808,19 @@ def resolve_experiment(config: dict) -> dict[str, Any]:
         check_available()
     return {"experiment": name, "datasets": datasets, "partitions": partitions, "cells": cells,
             "tuning": tuning, "tuning_cells": tuning_cells, "tracking": tracking}
+
+
+def _label_seeds(label: str, entry: dict, seeds: list[int]) -> list[int]:
+    """`methods.<label>.seeds` (default: the experiment's `seeds`): some of the experiment's seeds, in
+    its order, so that every seed a label trains has its partition draw and its paired rows."""
+    own = entry.get("seeds")
+    if own is None:
+        return list(seeds)
+    extra = [s for s in own if s not in seeds]
+    if extra:
+        raise ConfigError(f"config key 'methods.{label}.seeds' has value {show(own)}; {extra} not among the experiment's "
+                          f"seeds; allowed: some of `seeds` {show(seeds)}")
+    return [s for s in seeds if s in own]
 
 
 def _finetune_row(label: str, entry: dict, of: Any, methods: dict[str, tuple]) -> tuple:

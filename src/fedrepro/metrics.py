@@ -58,9 +58,10 @@ def summarize(values, weights) -> dict[str, float]:
 
 def beyond_weights(where: str, n: int, unseen_weights) -> list:
     """The weights of the `n` clients of a score after training ('<where>/<kind>', engine/beyond.py)
-    in its summary: unseen clients by `unseen_weights` (their test sizes), a global test or
-    validation set's clients equally (each is scored on the same set)."""
-    return list(unseen_weights) if where == "unseen" else [1] * n
+    in its summary: unseen clients by `unseen_weights` (the sizes they are scored on: their test
+    splits, or all their data for unseen_all), a global test or validation set's clients equally
+    (each is scored on the same set)."""
+    return list(unseen_weights) if where in ("unseen", "unseen_all") else [1] * n
 
 
 def type_summary(acc, test_sizes, types) -> dict[str, float]:

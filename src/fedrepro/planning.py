@@ -179,7 +179,9 @@ class WorkflowPlan:
         self.exp = exp
         self.out = results_dir(exp)
         self.cells = {cell_key(c): c for c in exp["cells"]}
-        self.partitions = {(p["dataset"], p["label"]): p for p in exp["partitions"]}
+        self.partitions: dict[tuple[str, str], dict] = {}  # (dataset, label) -> its first draw (partitions.<label>.draw)
+        for p in exp["partitions"]:
+            self.partitions.setdefault((p["dataset"], p["label"]), p)
         # Fine-tuning rows scored from their base cell's final model (rule finetune,
         # docs/evaluation.md), keyed like `cells`, each with its base cell: the other cells train.
         self.derived = derived_bases(exp["cells"])
@@ -222,7 +224,10 @@ class WorkflowPlan:
         return json.dumps(self.cells[wildcard_key(wildcards)], sort_keys=True)
 
     def cell_shards(self, wildcards) -> str:
-        return self.shard_dir(wildcards.dataset, wildcards.partition)
+        """The cell's own partition draw (a tuning trial trains on its label's first cell's)."""
+        if hasattr(wildcards, "trial"):  # config._tuning_cells: trials copy their label's first cell
+            return self.shard_dir(wildcards.dataset, wildcards.partition)
+        return f"results/shards/{wildcards.dataset}/{self.cells[wildcard_key(wildcards)]['partition_id']}"
 
     def cell_inputs(self, wildcards) -> dict[str, str]:
         """The cell's shards, and the pre-trained backbone its model loads (weights: proxy)."""
@@ -278,7 +283,7 @@ class WorkflowPlan:
             + [f"{out}/plots/curves_{d}_{p}.png" for d, p in panels]
             + [f"{out}/plots/clients_{d}_{p}.png" for d, p in panels]
             + [f"{out}/plots/tsne_{d}_{p}.png" for d, p in panels if self.embed_clients]
-            + [f"{self.shard_dir(d, p)}.png" for d, p in panels]
+            + [f"results/shards/{p['dataset']}/{p['id']}.png" for p in self.exp["partitions"]]  # each draw's
             + [f"{out}/summary.json", self.landing]
         )
 

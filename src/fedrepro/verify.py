@@ -53,6 +53,9 @@ def _same_stat(recorded: Any, recomputed: float) -> bool:
         recorded, recomputed, rel_tol=SUMMARY_REL_TOL, abs_tol=SUMMARY_ABS_TOL)
 
 
+#: The clients field that weighs each unseen-client score (engine/record.build_metrics).
+UNSEEN_WEIGHTS = {"unseen": "unseen_test_size", "unseen_all": "unseen_size"}
+
 _REDO = "the file was edited or damaged: delete it and rerun the workflow (it retrains that cell)"
 
 
@@ -76,10 +79,10 @@ def _summary_checks(doc: dict, path: str | os.PathLike) -> Iterator[tuple[str, s
                 raise ResultsError(f"{path}: field '{summary_key}.{key}' has no per-client scores ('{where}') it "
                                    f"summarises; {_REDO}")
             place = kind.rpartition("_")[0]  # '' for global/personal (the clients' own splits), else unseen, union, ...
-            if place and place != "unseen":
+            if place and place not in UNSEEN_WEIGHTS:
                 yield f"{summary_key}.{key}", where, scores, beyond_weights(place, len(scores), []), "equally"
                 continue
-            weights_key = "unseen_test_size" if place else sizes
+            weights_key = UNSEEN_WEIGHTS[place] if place else sizes
             weights = clients.get(weights_key)
             if not isinstance(weights, list) or len(weights) != len(scores):
                 raise ResultsError(f"{path}: field '{where}' has {len(scores)} score(s) but 'clients.{weights_key}' "

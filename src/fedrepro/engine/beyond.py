@@ -72,6 +72,13 @@ def score_clients(engine, params: Params, clients: list[Client]) -> dict[str, li
     return {"acc": [s[0] for s in got], "f1": [s[1] for s in got]}
 
 
+def whole_data(client: Client) -> Split:
+    """All of a client's labelled samples (train, validation and test splits): what a client that
+    never trained can be scored on (FedCRC's "evaluate on the remaining 40 clients", §IV-B)."""
+    parts = [s for s in (client.train, client.val, client.test) if len(s)]
+    return Split(torch.cat([s.x for s in parts]), torch.cat([s.y for s in parts]))
+
+
 def score_test_set(engine, data: Split, own: dict[str, list[float]], personal_models: list[Params | None],
                    hows: list[str]) -> dict[str, dict[str, list[float]]]:
     """One global test set's scores by kind: global (the global model, or for a method without one
@@ -101,7 +108,8 @@ def evaluate_beyond(engine, record: dict[str, Any]) -> dict[str, Any]:
     """After the last round (`record`: its evaluation): unseen clients and global test data.
 
     * unseen/global: the global model (or, for a method without one, the average of the
-      personalized models) on each unseen client's test split; unseen/personal: the
+      personalized models) on each unseen client's test split, unseen_all/global the same on all of
+      its data (`whole_data`: it never trained on any of it); unseen/personal: the
       method's personalization of the unseen client (`Method.personalize_unseen`).
     * <test set>/global, <test set>/personal, <test set>/hm: `score_test_set` on each global
       test set, the harmonic mean with each client's own-test score P (GRP-FED's L).
@@ -119,6 +127,10 @@ def evaluate_beyond(engine, record: dict[str, Any]) -> dict[str, Any]:
     if engine.unseen:
         g = method.global_params() if method.has_global else mean_personal(engine, personal_models)
         out["unseen/global"] = score_clients(engine, g, engine.unseen)
+        # the same model on all of each unseen client's data: about 5x the test split's resolution
+        whole = [whole_data(c) for c in engine.unseen]
+        got = [scores(d.y, predict(engine, g, d.x)) for d in whole]
+        out["unseen_all/global"] = {"acc": [s[0] for s in got], "f1": [s[1] for s in got]}
         if method.has_personal:
             got = [scores(c.test.y, predict(engine, personal(engine, c, "unseen-batches"), c.test.x)) for c in engine.unseen]
             out["unseen/personal"] = {"acc": [s[0] for s in got], "f1": [s[1] for s in got]}

@@ -51,13 +51,14 @@ def metrics_cell(cell: dict) -> dict:
             | {"model": cell["model"]["name"]} | ({"sweep": cell["sweep"]} if "sweep" in cell else {}))
 
 
-def _add_beyond(final: dict, summary: dict, beyond: dict, unseen_weights: list[int]) -> None:
+def _add_beyond(final: dict, summary: dict, beyond: dict, unseen_weights: dict[str, list[int]]) -> None:
     """Each evaluate_beyond score ('<where>/<kind>') into `final` as <where>_<kind> and into
-    `summary` as <where>_<kind>_<acc|f1>: unseen clients weighted by `unseen_weights` (their test
-    sizes), a global test or validation set's clients equally (each is scored on the same set)."""
+    `summary` as <where>_<kind>_<acc|f1>: unseen clients weighted by `unseen_weights[where]` (the
+    sizes they are scored on), a global test or validation set's clients equally (each is scored on
+    the same set)."""
     for key, values in beyond.items():
         where, kind = key.split("/")
-        weights = beyond_weights(where, len(values["acc"]), unseen_weights)
+        weights = beyond_weights(where, len(values["acc"]), unseen_weights.get(where))
         final[f"{where}_{kind}"] = {m: _clean(values[m]) for m in ("acc", "f1")}
         for m in ("acc", "f1"):
             summary[f"{where}_{kind}_{m}"] = _clean_stats(summarize(values[m], weights))
@@ -84,7 +85,8 @@ def build_metrics(cell: dict, clients: list[Client], history: list[dict], per_ro
     # Further kinds, summarised over the clients they score: unseen_{global,personal} over the
     # unseen clients (weighted by test size), <test set>_{global,personal,hm} over the
     # federation's clients (weighted equally: each is scored on the same test set).
-    _add_beyond(final, summary, beyond, [len(c.test) for c in unseen])
+    _add_beyond(final, summary, beyond, {"unseen": [len(c.test) for c in unseen],
+                                         "unseen_all": [len(c.train) + len(c.val) + len(c.test) for c in unseen]})
     # Distinct client types (each client holds one domain): Avg, σ_type, σ_client (FedGCR).
     types = [c.client_type for c in clients]
     if clients and None not in types:
@@ -102,7 +104,7 @@ def build_metrics(cell: dict, clients: list[Client], history: list[dict], per_ro
         final_val = {kind: ({m: _clean(last[f"val/{kind}"][m]) for m in ("acc", "f1")} if f"val/{kind}" in last else None)
                      for kind in ("global", "personal")}
         # <validation set>_{global,personal,hm} over the federation's clients, weighted equally as their test twins
-        _add_beyond(final_val, summary_val, beyond_val, [])
+        _add_beyond(final_val, summary_val, beyond_val, {})
         kind = "personal" if "val/personal" in last else "global"
         val_acc = [summarize(h[f"val/{kind}"]["acc"], val_sizes)["weighted_mean"] for h in history]
         best = int(np.nanargmax(val_acc))
@@ -117,6 +119,7 @@ def build_metrics(cell: dict, clients: list[Client], history: list[dict], per_ro
         "clients": {"ids": [c.id for c in clients], "train_size": [len(c.train) for c in clients],
                     "test_size": test_sizes, "val_size": val_sizes,
                     "unseen_ids": [c.id for c in unseen], "unseen_test_size": [len(c.test) for c in unseen],
+                    "unseen_size": [len(c.train) + len(c.val) + len(c.test) for c in unseen],
                     "trained_rounds": trained, "untrained": sum(1 for t in trained or [] if not t),
                     "untrained_rule": untrained_rule, "scored_by": last.get("scored_by")},
         "final": final,

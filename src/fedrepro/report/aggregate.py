@@ -25,7 +25,7 @@ from fedrepro.report.stats import seed_stats
 # clients and the global test sets (union of client test splits, official test set), where
 # <set>_personal is every personalized model on that set and <set>_hm the per-client
 # harmonic mean of own-test and global-test scores (GRP-FED's L).
-KINDS = ("global", "personal", "unseen_global", "unseen_personal",
+KINDS = ("global", "personal", "unseen_global", "unseen_all_global", "unseen_personal",
          *(f"{where}_{k}" for where in ("union", "official") for k in ("global", "personal", "hm")))
 METRICS = ("acc", "f1")
 CELL_KEYS = ("experiment", "dataset", "partition", "partition_id", "method", "label", "model", "seed")

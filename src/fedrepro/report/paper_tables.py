@@ -17,11 +17,11 @@ import pandas as pd
 
 from fedrepro.io import atomic_path, write_text_atomic
 from fedrepro.report.papers import DIMS, Column, PaperPlan, Row, Table, TablePlan, Target
-from fedrepro.report.plateau import NOT_CONVERGED, PLATEAU_TOLERANCE, by_cell, movement, rounds_text, seed_changes
+from fedrepro.report.plateau import NOT_CONVERGED, PLATEAU_TOLERANCE, by_cell, movement, resolution, rounds_text, seed_changes
 from fedrepro.report.regime import Baseline, Regime
 from fedrepro.report.regime import check as regime_check
 from fedrepro.report.stats import (ALPHA, LEVEL, WILCOXON_MIN_SEEDS, Deviation, PairedTest, SeedStats, deviation,
-                                   evidence, evidence_text, holm, paired_test, seed_stats, verdict_word)
+                                   evidence, evidence_text, holm, holm_alpha, paired_test, seed_stats, verdict_word)
 from fedrepro.report.tables import client_notes, latex_escape
 
 MARK = "◇"  # Markdown/HTML; LaTeX: $\diamond$
@@ -75,6 +75,7 @@ class CellResult:
     moved: float = math.nan
     change_rounds: tuple[tuple[int, int], ...] = ()
     converged: bool | None = None
+    resolution: float = 0.0  # one scored sample in the paper's unit (plateau.resolution; 0: not known)
 
     @property
     def has_value(self) -> bool:
@@ -153,6 +154,7 @@ def build_table(table: Table, frame: pd.DataFrame, plan: TablePlan | None = None
                 c.stats = seed_stats(c.values.values())
                 if c.status == "ok" and c.stats.n == 0:
                     c.status = FAILED if c.n_failed else MISSING
+                c.resolution = resolution(curves, c.target, c.kind, c.values) * metric.scale
                 move = movement(seed_changes(curves, c.target, c.kind, c.values).values())
                 if move is not None:  # the plateau check: the last change, in the paper's unit
                     c.change, c.moved = move.change * metric.scale, move.moved * metric.scale
@@ -386,6 +388,11 @@ def notes(res: TableResult) -> list[str]:
     used = sorted({(c.target.column, c.kind) for c in res.cells.values() if c.target is not None and c.kind})
     if used:
         out.append("Ours: " + "; ".join(f"summary column {col} of model kind '{kind}'" for col, kind in used) + ".")
+    resolved = sorted({(t.name("metric", c.key[3]), round(c.resolution, 4)) for c in res.cells.values() if c.resolution > 0})
+    if resolved:
+        out.append("Resolution: one scored sample is " + "; ".join(f"{r:g} of {m}" for m, r in resolved)
+                   + " (1 / the samples scored, mean over seeds): a spread below it counts as it, and no gain below it "
+                   "is called detectable.")
     plateau = plateau_note(res)
     if plateau:
         out.append(plateau)
@@ -468,7 +475,8 @@ def test_verdict(res: TableResult, tr: TestResult) -> str:
     family = [t for t in res.tests if t.col_key == tr.col_key]
     p_holm = holm([t.result.p for t in family])[family.index(tr)]
     metric = res.table.metric(tr.proposed_key)
-    e = evidence(res.cells[tr.proposed_key].values, res.cells[tr.baseline_key].values, metric.better)
+    a, b = res.cells[tr.proposed_key], res.cells[tr.baseline_key]
+    e = evidence(a.values, b.values, metric.better, max(a.resolution, b.resolution), holm_alpha(r.p, p_holm))
     return (f"{verdict_word(e.gain, p_holm)}{regime.strength() if regime is not None else ''} "
             f"({evidence_text(e, p_holm, metric.decimals)})")
 
@@ -505,7 +513,9 @@ def _col_name(t: Table, col: Column) -> str:
 
 def title(res: TableResult) -> str:
     t = res.table
-    return f"{t.paper.short} {t.title}: {t.caption}"
+    reading = res.plan.reading if res.plan is not None else None
+    kind = f" (reading {reading}: kind {', '.join(res.plan.mapping['kind'] if isinstance(res.plan.mapping['kind'], list) else [res.plan.mapping['kind']])})" if reading else ""
+    return f"{t.paper.short} {t.title}{kind}: {t.caption}"
 
 
 def to_markdown(res: TableResult) -> str:

@@ -31,13 +31,14 @@ from __future__ import annotations
 
 import itertools
 import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from fedrepro.registry import ConfigError
+from fedrepro.registry import ConfigError, show
 
 #: The largest published paper file read (the shipped ones are a few KB).
 PUBLISHED_MAX_BYTES = 4 << 20
@@ -347,11 +348,12 @@ class Inventory:
         labels = {c["label"]: c["method"] for c in exp["cells"]}
         parts: dict[str, list[str]] = {}
         for p in exp["partitions"]:
-            parts.setdefault(p["dataset"], []).append(p["label"])
+            if p["label"] not in parts.setdefault(p["dataset"], []):  # one label per draw (partitions.<label>.draw)
+                parts[p["dataset"]].append(p["label"])
         return cls(labels, parts)
 
 
-_MAPPING_KEYS = {"kind", "methods", "datasets", "settings", "metrics"}
+_MAPPING_KEYS = {"kind", "methods", "datasets", "settings", "metrics", "readings"}
 
 
 def _kinds(v: Any, where: str) -> tuple[str, ...] | None:
@@ -474,7 +476,7 @@ def producible_kinds(method: str, spec: dict, training: dict) -> set[str]:
     has_g, has_p = bool(getattr(cls, "has_global", True)), bool(getattr(cls, "has_personal", False))
     kinds = {k for k, ok in (("global", has_g), ("personal", has_p)) if ok}
     if spec.get("unseen_clients", 0):
-        kinds.add("unseen_global")
+        kinds |= {"unseen_global", "unseen_all_global"}
         if has_p:
             kinds.add("unseen_personal")
     for where in training.get("global_test") or []:
@@ -488,6 +490,7 @@ class TablePlan:
     mapping: dict
     targets: dict[tuple, Target]
     layout_cells: int  # non-derived layout cells
+    reading: str | None = None  # a reading of the table: its mapping's `readings.<name>` (table_readings)
 
     @property
     def runs(self) -> list[tuple[str, str, str]]:
@@ -522,7 +525,8 @@ class PaperPlan:
         out = {"paper": self.paper.id, "reduced": self.reduced, "seeds": self.seeds,
                "inventory": self.inventory.to_json()}
         if table is not None:
-            out |= {"table": table, "mapping": self.tables[table].mapping}
+            tp = self.tables[table]
+            out |= {"table": tp.table.id, "mapping": tp.mapping} | ({"reading": tp.reading} if tp.reading else {})
         if figure is not None:
             fp = self.figures[figure]
             out |= {"figure": figure, "table": fp.table.id if fp.table else None, "mapping": fp.mapping}
@@ -554,7 +558,7 @@ def plan_from_spec(paper: Paper, spec: dict) -> PaperPlan:
             raise ConfigError(f"--spec: table {tid!r} is not a table of {paper.short}; allowed: {sorted(paper.tables)}")
         t = paper.tables[tid]
         tables[tid] = TablePlan(t, spec["mapping"], resolve_targets(t, spec["mapping"], inv),
-                                sum(1 for r in t.rows if not r.derived) * len(t.columns))
+                                sum(1 for r in t.rows if not r.derived) * len(t.columns), spec.get("reading"))
     fid = spec.get("figure")
     if fid is not None:
         if fid not in paper.figures:
@@ -562,6 +566,30 @@ def plan_from_spec(paper: Paper, spec: dict) -> PaperPlan:
         t = tables[tid].table if tid in tables else None
         figures[fid] = FigurePlan(fid, paper.figures[fid], t, spec["mapping"], _figure_targets(paper.figures[fid], tables[tid].targets))
     return PaperPlan(paper, bool(spec.get("reduced")), inv, list(spec.get("seeds") or []), tables, figures)
+
+
+def table_readings(tid: str, mapping: Any, paper: Paper, where: str) -> dict[str, dict]:
+    """{'<table>_<name>': its mapping} of a table mapping's `readings: {<name>: {kind: K}}`: the same
+    table read from another model kind (FedCRC Table II's unseen clients scored on all of their data,
+    kind unseen_all_global), built and judged as a table of its own. The reading's kind replaces the
+    table's `kind`; a method's own kind stays."""
+    given = (mapping or {}).get("readings")
+    if given is None:
+        return {}
+    if not isinstance(given, dict) or not given:
+        raise ConfigError(f"config key '{where}.readings' has value {show(given)}; allowed: {{name: {{kind: K}}}}")
+    out = {}
+    for name, entry in given.items():
+        w = f"{where}.readings.{name}"
+        key = f"{tid}_{name}"
+        if not isinstance(name, str) or not re.fullmatch(r"[a-z0-9][a-z0-9_]{0,31}", name) or name == "tests" or key in paper.tables:
+            raise ConfigError(f"config key '{w}': name {show(name)}; allowed: lower-case letters, digits and _ (at most 32), "
+                              f"not 'tests' and not making another table's id")
+        if not isinstance(entry, dict) or set(entry) != {"kind"}:
+            raise ConfigError(f"config key '{w}' has value {show(entry)}; allowed: {{kind: K}}")
+        _kinds(entry["kind"], f"config key '{w}.kind'")
+        out[key] = {k: v for k, v in mapping.items() if k != "readings"} | {"kind": entry["kind"]}
+    return out
 
 
 def _figure_targets(fig: dict, targets: dict[tuple, Target]) -> dict[tuple, Target]:
@@ -601,16 +629,20 @@ def plan_paper_tables(config: dict, exp: dict, published: str | Path | None = No
         if tid not in paper.tables:
             raise ConfigError(f"config key '{w}': {paper.short} has no table {tid!r}; allowed: {', '.join(paper.tables)}")
         table = paper.tables[tid]
-        targets = resolve_targets(table, mapping, inv, w)
-        for key, t in targets.items():
-            c = cells.get((t.dataset, t.partition, t.label))
-            if c is None:  # resolve_targets checked label, dataset and partition separately
-                raise ConfigError(f"config key '{w}': cell {dict(zip(DIMS, key))} needs {t.dataset}/{t.partition}/{t.label}, "
-                                  f"which the experiment does not run")
-            have = producible_kinds(c["method"], specs[(t.dataset, t.partition)], c["training"])
-            if not set(t.kinds) & have:
-                raise ConfigError(f"config key '{w}': cell {dict(zip(DIMS, key))} reads kind {list(t.kinds)} of "
-                                  f"{t.dataset}/{t.partition}/{t.label} (method {c['method']}), which writes only {sorted(have)}")
+
+        def produced(targets: dict[tuple, Target], w: str) -> dict[tuple, Target]:
+            for key, t in targets.items():
+                c = cells.get((t.dataset, t.partition, t.label))
+                if c is None:  # resolve_targets checked label, dataset and partition separately
+                    raise ConfigError(f"config key '{w}': cell {dict(zip(DIMS, key))} needs {t.dataset}/{t.partition}/{t.label}, "
+                                      f"which the experiment does not run")
+                have = producible_kinds(c["method"], specs[(t.dataset, t.partition)], c["training"])
+                if not set(t.kinds) & have:
+                    raise ConfigError(f"config key '{w}': cell {dict(zip(DIMS, key))} reads kind {list(t.kinds)} of "
+                                      f"{t.dataset}/{t.partition}/{t.label} (method {c['method']}), which writes only {sorted(have)}")
+            return targets
+
+        targets = produced(resolve_targets(table, mapping, inv, w), w)
         n_layout = sum(1 for r in table.rows if not r.derived) * len(table.columns)
         if not reduced and len(targets) < n_layout:
             missing = [dict(zip(DIMS, table.key(r, c))) for r in table.rows if not r.derived for c in table.columns
@@ -620,6 +652,10 @@ def plan_paper_tables(config: dict, exp: dict, published: str | Path | None = No
         if not targets:
             raise ConfigError(f"config key '{w}': no cell of {table.label} is produced by the experiment")
         tables[tid] = TablePlan(table, mapping or {}, targets, n_layout)
+        for key, variant in table_readings(tid, mapping, paper, w).items():
+            reading = key[len(tid) + 1:]
+            rw = f"{w}.readings.{reading}"
+            tables[key] = TablePlan(table, variant, produced(resolve_targets(table, variant, inv, rw), rw), n_layout, reading)
     if not tables:
         raise ConfigError(f"config key '{where}.tables': name at least one of {', '.join(paper.tables)}")
     figures: dict[str, FigurePlan] = {}

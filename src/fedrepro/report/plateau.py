@@ -21,7 +21,7 @@ from fedrepro.report.aggregate import METRICS, STATS, cell_ident, is_ok, nested_
 #: (1 point of accuracy or F1). A convention of this project, not a statistical test.
 PLATEAU_TOLERANCE = 0.01
 NOT_CONVERGED = "not converged: ordering not judged"
-_PREFIXES = ("union_", "unseen_", "official_")
+_PREFIXES = ("union_", "unseen_all_", "unseen_", "official_")
 
 
 def curve_of(kind: str, column: str) -> tuple[list[str], str, str]:
@@ -55,6 +55,29 @@ def last_change(cell_metrics: dict, kind: str, column: str) -> tuple[int, int, f
 def by_cell(runs: Iterable[dict]) -> dict[tuple, dict]:
     """The cells' metrics keyed by (dataset, partition, label, seed), as a table target names them."""
     return {tuple(cell_ident(r)[k] for k in ("dataset", "partition", "label", "seed")): r for r in runs}
+
+
+#: The metrics.json clients field that counts the test samples a kind scores (resolution).
+SCORED_SAMPLES = {"global": "test_size", "personal": "test_size", "union_global": "test_size",
+                  "union_personal": "test_size", "unseen_global": "unseen_test_size",
+                  "unseen_personal": "unseen_test_size", "unseen_all_global": "unseen_size"}
+
+
+def resolution(runs: dict[tuple, dict], target, kind: str | None, seeds: Iterable[int]) -> float:
+    """One scored sample as a fraction of an accuracy column (acc_mean, acc_weighted_mean): 1 / N,
+    N the samples the kind scores, the mean over `seeds` of the cells' counts (`runs` from by_cell).
+    Exact for the weighted mean; for the unweighted mean over clients, one sample of client i moves
+    it by 1 / (K n_i), on average over the samples 1 / N as well. 0 where not known: another
+    column (F1, a spread), a kind without a recorded count, or no cell recorded."""
+    if kind not in SCORED_SAMPLES or target.column not in ("acc_mean", "acc_weighted_mean"):
+        return 0.0
+    counts = []
+    for s in sorted(seeds):
+        run = runs.get((target.dataset, target.partition, target.label, s))
+        sizes = ((run or {}).get("clients") or {}).get(SCORED_SAMPLES[kind])
+        if isinstance(sizes, list) and sizes and sum(sizes) > 0:
+            counts.append(sum(sizes))
+    return len(counts) / sum(counts) if counts else 0.0  # 1 / (mean count)
 
 
 def seed_changes(runs: dict[tuple, dict], target, kind: str, seeds: Iterable[int]) -> dict[int, tuple[int, int, float]]:

@@ -33,11 +33,12 @@ from fedrepro.io import write_text_atomic
 from fedrepro.registry import ConfigError, show
 from fedrepro.report.paper_tables import number_text, paired_text, signed_text
 from fedrepro.report.papers import PUBLISHED_DIR, Metric, Paper, Target, load_published, published_path
-from fedrepro.report.plateau import NOT_CONVERGED, PLATEAU_TOLERANCE, Movement, by_cell, movement, rounds_text, seed_changes
+from fedrepro.report.plateau import (NOT_CONVERGED, PLATEAU_TOLERANCE, Movement, by_cell, movement, resolution, rounds_text,
+                                     seed_changes)
 from fedrepro.report.regime import Baseline, Regime
 from fedrepro.report.regime import check as regime_check
-from fedrepro.report.stats import (ALPHA, CONTRADICTED, HOLDS, NOT_SHOWN, WILCOXON_MIN_SEEDS, PairedTest, SeedStats, holm,
-                                   paired_test, seed_stats, verdict_word)
+from fedrepro.report.stats import (ALPHA, CONTRADICTED, HOLDS, NOT_SHOWN, WILCOXON_MIN_SEEDS, Evidence, PairedTest, SeedStats,
+                                   evidence, evidence_text, holm, holm_alpha, paired_test, seed_stats, verdict_word)
 
 MARKS = ("RECON", "PAPER≠CODE")
 #: a mark in source text: [RECON], [PAPER≠CODE], also "[RECON: ...]" and "[PAPER≠CODE, ...]"
@@ -320,6 +321,10 @@ def _measured(m: Any, where: str) -> dict | None:
         if not ok:
             raise ConfigError(f"{where}: labels.{name} has value {show(values)}; allowed: {{seed: value}} "
                               f"(rerun `fedrepro readings --record`)")
+    r = m.get("resolution")  # optional: recorded before issue 56
+    if r is not None and (not isinstance(r, (int, float)) or isinstance(r, bool) or not 0 <= r < 1):
+        raise ConfigError(f"{where}: key 'resolution' has value {show(r)}; allowed: one scored sample as a fraction "
+                          f"in [0, 1), as `fedrepro readings --record` writes it")
     if m.get("kernels") is not None and not isinstance(m["kernels"], str):  # optional: recorded before issue 56
         raise ConfigError(f"{where}: key 'kernels' has value {show(m['kernels'])}; allowed: the CPU kernel levels "
                           f"of the cells, as `fedrepro readings --record` writes them (e.g. 'AVX2')")
@@ -424,6 +429,7 @@ class Side:
     verdict: str
     movement: Movement | None = None  # its last change between evaluations (None: not recorded)
     p_holm: float | None = None  # the Holm-adjusted p against the strongest baseline (verdict)
+    evidence: Evidence | None = None  # against the strongest baseline (stats.evidence)
 
 
 def values(ledger: Ledger, name: str) -> dict[int, float]:
@@ -528,7 +534,10 @@ def side(ledger: Ledger, label: str, best: str | None) -> Side:
         judged = check.verdict_block + (f"; {NOT_CONVERGED}" if judged == NOT_CONVERGED else "")
     elif v and check is not None and check.weak and judged.startswith((HOLDS, CONTRADICTED, NOT_SHOWN)):
         judged += check.strength()
-    return Side(label, v, seed_stats(v.values()), vs_fedavg, vs_best, judged, moved(ledger, label), p_holm)
+    step = float((ledger.measured or {}).get("resolution") or 0.0) * ledger.metric.scale  # one scored sample
+    e = (evidence(v, values(ledger, best), ledger.metric.better, step, holm_alpha(vs_best.p, p_holm))
+         if v and best and best != label and vs_best is not None and p_holm is not None else None)
+    return Side(label, v, seed_stats(v.values()), vs_fedavg, vs_best, judged, moved(ledger, label), p_holm, e)
 
 
 def flips(default: Side, option: Side) -> str:
@@ -564,8 +573,10 @@ def _side_lines(ledger: Ledger, s: Side, best: str | None) -> list[str]:
         if s.vs_fedavg is not None and best != fedavg:
             out.append(f"− {ledger.paper.name('method', fedavg)}: {paired_text(s.vs_fedavg, d)}")
         if s.vs_best is not None:
-            holm_p = "" if s.p_holm is None or not np.isfinite(s.p_holm) else f", Holm p = {s.p_holm:.3g}"
-            out.append(f"− {name} (the strongest baseline): {paired_text(s.vs_best, d)}{holm_p}")
+            shown = s.evidence is not None and s.p_holm is not None and np.isfinite(s.p_holm)
+            # the evidence (stats.evidence_text) says the Holm p with the gain's interval and power
+            more = f"; {evidence_text(s.evidence, s.p_holm, d)}" if shown else ""
+            out.append(f"− {name} (the strongest baseline): {paired_text(s.vs_best, d)}{more}")
     out.append(f"verdict: {s.verdict}")
     return out
 
@@ -732,9 +743,13 @@ def measured_block(ledger: Ledger, results: str | Path, cells: list[dict]) -> di
         # the last change of its curve (report/plateau.py), where it has one
         changes[name] = {str(s): [a, b, round(c, 6)] for s, (a, b, c) in seed_changes(runs, t, kind, raw).items()}
     column = next(iter(ledger.targets.values())).column
+    # one scored sample as a fraction (plateau.resolution), the coarsest of the labels'
+    res = max([resolution(runs, t, kinds[name], [int(s) for s in labels[name]]) for name, t in ledger.targets.items()],
+              default=0.0)
     return {"source": Path(results).as_posix(), "date": datetime.date.today().isoformat(),
             "seeds": sorted({int(c["seed"]) for c in ledger.exp["cells"]}), "column": column,
-            "kernels": kernel_levels(ledger, results), "kinds": kinds, "labels": labels, "changes": changes}
+            "kernels": kernel_levels(ledger, results), "resolution": round(res, 8), "kinds": kinds, "labels": labels,
+            "changes": changes}
 
 
 def kernel_levels(ledger: Ledger, results: str | Path) -> str:
@@ -816,7 +831,7 @@ def verify(ledger: Ledger) -> tuple[str | None, list[str], list[str]]:
             problems.append(f"{ledger.rel}: measured: {what}: recorded {shown(got)}, the results give {shown(want)} "
                             f"(rerun `fedrepro readings {ledger.paper.id} --record {rel}`)")
 
-    for key in ("seeds", "column"):
+    for key in ("seeds", "column", "resolution"):
         if key in m:
             differ(key, m[key], new[key])
     # values recorded under another CPU kernel level may differ by a test sample or two without being wrong

@@ -228,6 +228,14 @@ def verdict_word(gain: float, p_holm: float, alpha: float = ALPHA) -> str:
     return NOT_SHOWN
 
 
+def holm_alpha(p: float, p_holm: float, alpha: float = ALPHA) -> float:
+    """The level a test's own p must reach for its Holm-adjusted p to fall below `alpha`:
+    alpha x p / p_holm (Holm multiplies the p by its step's factor), `alpha` where undefined."""
+    if not (np.isfinite(p) and np.isfinite(p_holm)) or p <= 0 or p_holm <= 0:
+        return alpha
+    return alpha * min(1.0, p / p_holm)
+
+
 def evidence_text(e: Evidence, p_holm: float, decimals: int = 2) -> str:
     """The evidence beside a verdict: gain [95 % interval], P(A > B), Holm p, detectable gain and,
     where not shown, the largest gain not excluded and the seeds that would decide."""
@@ -239,6 +247,7 @@ def evidence_text(e: Evidence, p_holm: float, decimals: int = 2) -> str:
         largest = e.ci_high if np.isfinite(e.ci_high) else e.detectable
         if np.isfinite(largest):
             parts.append(f"a gain up to {largest:.{decimals}f} not excluded")
-        parts.append(f"{e.seeds_to_decide} seeds would decide at this spread" if e.seeds_to_decide
+        # (the t approximation may call n seeds enough where the rank test or Holm did not decide)
+        parts.append(f"{max(e.seeds_to_decide, e.n + 1)} seeds would decide at this spread" if e.seeds_to_decide
                      else "no number of seeds decides a zero gain" if e.gain == 0 else "undecidable at this spread")
     return ", ".join(parts)
