@@ -581,8 +581,32 @@ def _side_lines(ledger: Ledger, s: Side, best: str | None) -> list[str]:
     return out
 
 
-def _header(ledger: Ledger) -> tuple[str, list[str], Side | None, str | None]:
-    """(title, intro lines, the default's side, the strongest baseline)."""
+def _resolution_text(ledger: Ledger) -> str:
+    """', one scored sample being X points' where the block records it (issue 56)."""
+    r = (ledger.measured or {}).get("resolution")
+    return f"; one scored sample is {number_text(r * ledger.metric.scale, 4)} of the metric" if r else ""
+
+
+def verification(ledger: Ledger) -> tuple[str, bool]:
+    """(the line, reproduced?) every rendering of a measured ledger carries (issue 57): --md / --html
+    read the block as --check does (`verify`). A block that does not recompute from the results
+    here is marked, not rendered as if it held; one whose results are absent says so."""
+    source, problems, notes = verify(ledger)
+    check = f"`fedrepro readings {ledger.paper.id} --check`"
+    if problems:
+        return (f"NOT REPRODUCED HERE: the measured block does not recompute from the results here, {len(problems)} "
+                f"problem(s) ({check} lists them), the first: {problems[0]}. The values and verdicts below are the "
+                f"ledger's, not these results'.", False)
+    if source is None:
+        return (f"Not verified here: {notes[0] if notes else 'no results of its cells here'}; {check} recomputes the "
+                f"block where results/{ledger.exp.get('experiment')} is present.", True)
+    return f"Verified here: the measured block recomputes from {source}{f' ({notes[0]})' if notes else ''}.", True
+
+
+def _header(ledger: Ledger, verified: bool = True) -> tuple[str, list[str], Side | None, str | None]:
+    """(title, intro lines, the default's side, the strongest baseline); `verified`: recompute the
+    measured block from the results here and say the outcome (docs/papers.md, a page of the
+    committed ledgers, does not: its text must not depend on the machine)."""
     h, p = ledger.headline, ledger.paper
     t = p.tables[h.table]
     target = ledger.targets.get(h.proposed)
@@ -595,12 +619,21 @@ def _header(ledger: Ledger) -> tuple[str, list[str], Side | None, str | None]:
     if not m:
         lines.append(f"Not measured yet: `fedrepro readings {p.id} --record results/<experiment>` writes the values.")
         return f"{p.short}: readings ledger", lines, None, None
+    title = f"{p.short}: readings ledger"
+    if verified:
+        line, reproduced = verification(ledger)
+        lines.append(line)
+        title += "" if reproduced else " (not reproduced here)"
+    else:
+        lines.append(f"Verification: `fedrepro readings {p.id} --check` recomputes the measured block from "
+                     f"results/{ledger.exp.get('experiment')} where it is present.")
     kinds = m.get("kinds") or {}
     kind = ", ".join(sorted({str(k) for k in kinds.values() if k})) or "-"
     lines.append(f"Measured: `{m.get('source')}`, {m.get('date')}, seeds {', '.join(map(str, m.get('seeds') or []))}, "
                  f"column {m.get('column')} (kind {kind}); values in the paper's unit; paired tests over common seeds "
                  f"(paired t below {WILCOXON_MIN_SEEDS} seeds, Wilcoxon signed-rank from {WILCOXON_MIN_SEEDS}; two-sided, "
-                 f"no correction for multiple tests).")
+                 f"the verdict reads the Holm-adjusted p over each name's tests against every headline baseline, and "
+                 f"the gain detectable at 80 % power at that level{_resolution_text(ledger)}).")
     if m.get("changes"):
         tol = number_text(PLATEAU_TOLERANCE * ledger.metric.scale, ledger.metric.decimals)
         lines.append(f"Plateau: the last change of each name's value between its last two evaluations, mean over seeds; "
@@ -615,7 +648,7 @@ def _header(ledger: Ledger) -> tuple[str, list[str], Side | None, str | None]:
     best = strongest(ledger)
     default = side(ledger, h.proposed, best)
     lines.append(f"Default (`{h.proposed}`): " + "; ".join(_side_lines(ledger, default, best)) + ".")
-    return f"{p.short}: readings ledger", lines, default, best
+    return title, lines, default, best
 
 
 HEAD = ["Reading", "Mark", "The paper's words; the authors' code", "Options (what the stand-in runs in bold)", "Default: why",
@@ -645,8 +678,8 @@ def rows(ledger: Ledger, default: Side | None, best: str | None) -> list[list[li
     return out
 
 
-def to_markdown(ledger: Ledger, level: int = 3) -> str:
-    title, intro, default, best = _header(ledger)
+def to_markdown(ledger: Ledger, level: int = 3, verified: bool = True) -> str:
+    title, intro, default, best = _header(ledger, verified)
     esc = lambda s: s.replace("|", "\\|").replace("\n", " ")  # noqa: E731
     cell = lambda lines: "<br>".join(f"**{esc(t)}**" if b else esc(t) for t, b in lines)  # noqa: E731
     out = [f"{'#' * level} {title}", "", *[f"{x}\n" for x in intro],
@@ -903,7 +936,7 @@ def docs_markdown(root: str | Path | None = None) -> str:
     for paper in seed_papers(root):
         path = ledger_path(paper, root)
         if path.is_file():
-            parts.append(to_markdown(load_ledger(path)))
+            parts.append(to_markdown(load_ledger(path), verified=False))
         else:
             short = load_published(published_path(paper, root)).short
             parts.append(f"### {short}: readings ledger\n\nNo ledger yet (`{READINGS_DIR.as_posix()}/{paper}.yaml`).\n")
