@@ -46,3 +46,51 @@ def test_the_docs_page_of_the_committed_ledgers_does_not_depend_on_the_machines_
     docs = rd.to_markdown(ledger, verified=False)
     assert "Verification: `fedrepro readings toy --check` recomputes the measured block" in docs
     assert "Verified here" not in docs and "NOT REPRODUCED" not in docs
+
+
+# ---------------------------------------------------------------------------------------------
+# published-values files are read strictly, and the regime check says what a missing row does
+
+
+def test_a_duplicate_key_in_a_published_file_is_refused_naming_it(tmp_path):
+    import pytest
+
+    from conftest import REPO
+    from fedrepro.registry import ConfigError
+    from fedrepro.report.papers import load_published
+
+    text = (REPO / "config" / "papers" / "published" / "fedcrc.yaml").read_text()
+    assert "value: 98.49" in text
+    bad = tmp_path / "fedcrc.yaml"
+    bad.write_text(text.replace("value: 98.49", "value: 11.0, value: 98.49", 1))
+    with pytest.raises(ConfigError) as err:
+        load_published(bad)
+    msg = str(err.value)
+    assert str(bad) in msg and ".value' appears twice" in msg and "\n" not in msg
+
+
+def test_a_nulled_baseline_row_never_turns_into_a_judged_verdict():
+    import math
+
+    from fedrepro.report.regime import REGIME_UNCHECKED, Baseline, check
+
+    two = [Baseline("a", "A", 70.0, 60.0), Baseline("b", "B", 62.0, 80.0)]  # ours against the paper's: differs
+    assert check(two, "higher").verdict_block.startswith("not judged: regime differs")
+    nulled = [two[0], Baseline("b", "B", 62.0, math.nan)]  # the paper's B deleted or nulled
+    r = check(nulled, "higher")
+    assert r.verdict_block == f"{REGIME_UNCHECKED} (without B: no paper value)"
+
+
+def test_a_missing_row_that_switches_the_rule_is_named_in_the_text_and_the_verdict():
+    import math
+
+    from fedrepro.report.regime import Baseline, check
+
+    rows = [Baseline("a", "A", 80.0, 90.0), Baseline("b", "B", 70.0, 80.0), Baseline("c", "C", 60.0, 70.0),
+            Baseline("d", "D", 50.0, math.nan)]
+    r = check(rows, "higher")
+    assert r.agrees and r.switched
+    assert "took it from 4 baselines to 3: below 4 the order must be the paper's" in r.text()
+    assert "without D (no paper value), so the 3-baseline rule" in r.strength()
+    full = check(rows[:3] + [Baseline("d", "D", 50.0, 60.0)], "higher")
+    assert not full.switched and "without" not in full.strength()

@@ -81,8 +81,8 @@ def test_paper_table_with_a_row_that_still_moves(toy, tmp_path):  # noqa: F811
     assert ("Not converged: Base (S) moved by +5.00 between rounds 2 and 3 (the last two evaluations; tolerance 1.00, "
             "a convention of this project): their ordering is not judged.") in md
     # the moving row leaves the regime check (issue 56): one baseline is left, so the check is unchecked
-    assert f"| Ours vs Base | +2.00, t, p = 0.074 (n=3); verdict: {REGIME_UNCHECKED}; {NOT_CONVERGED} |" in md
-    assert f"| Ours vs part | +9.00, t, p = 0.070 (n=2); verdict: {REGIME_UNCHECKED} |" in md
+    assert f"| Ours vs Base | +2.00, t, p = 0.074 (n=3); verdict: {REGIME_UNCHECKED} (without broken: no stand-in value); {NOT_CONVERGED} |" in md
+    assert f"| Ours vs part | +9.00, t, p = 0.070 (n=2); verdict: {REGIME_UNCHECKED} (without broken: no stand-in value) |" in md
     assert "left out: Base (not converged)" in md
     for ext in (".tex", ".html"):
         assert NOT_CONVERGED in out.with_name("t1" + ext).read_text()

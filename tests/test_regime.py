@@ -60,7 +60,7 @@ def test_fewer_than_four_baselines_need_the_papers_order():
     one = check(_bs([5], [1]), "higher")  # one baseline: no order to check (issue 56; was "agrees")
     assert one.agrees is None and one.verdict_block == REGIME_UNCHECKED and "unchecked: one baseline (M0)" in one.text()
     none = check([Baseline("m", "M", 1.0, math.nan)], "higher")
-    assert none.agrees is None and none.verdict_block == REGIME_UNCHECKED
+    assert none.agrees is None and none.verdict_block == f"{REGIME_UNCHECKED} (without M: no paper value)"
 
 
 def _toy_with(tmp_path, part_value: float):
@@ -86,11 +86,14 @@ def test_paper_table_prints_not_judged_where_the_regime_differs(toy, tmp_path, p
     if agrees:
         assert (tests["regime"] == "agrees").all() and REGIME_DIFFERS not in md
         # two baselines: any order of two agrees by chance half the time, so the check is weak (issue 56)
-        assert tests.loc["Base", "verdict"].startswith("not shown, on a weak regime check (p = 0.5) (gain +2.00 [")
+        # ... and the row without a stand-in value is named in the verdict (issue 57: never silent)
+        assert tests.loc["Base", "verdict"].startswith(
+            "not shown, on a weak regime check (p = 0.5; without broken (no stand-in value)) (gain +2.00 [")
     else:
         assert "differs: with 2 baselines (< 4) the order must be the paper's" in md
-        assert (tests["verdict"] == REGIME_DIFFERS).all() and tests["regime"].str.startswith("differs").all()
-        assert f"verdict: {REGIME_DIFFERS}" in md
+        blocked = f"{REGIME_DIFFERS} (without broken: no stand-in value)"
+        assert (tests["verdict"] == blocked).all() and tests["regime"].str.startswith("differs").all()
+        assert f"verdict: {blocked}" in md
         for ext in (".tex", ".html"):
             assert "regime differs" in out.with_name("t1" + ext).read_text()
 

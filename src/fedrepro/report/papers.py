@@ -166,17 +166,23 @@ def _expand(entry: dict, order: list[str], where: str) -> list[dict]:
 
 def load_published(path: str | Path) -> Paper:
     """Read and check a published file; ConfigError names the file and the key."""
+    from fedrepro.configfile import parse_config_text
     from fedrepro.io import read_regular
 
     path = Path(path)
     try:  # bounded and never blocking (a FIFO or device named as the file); nesting bounded by the parser's recursion
-        doc = yaml.safe_load(read_regular(path, PUBLISHED_MAX_BYTES).decode("utf-8"))
+        text = read_regular(path, PUBLISHED_MAX_BYTES).decode("utf-8")
     except OSError as exc:  # NotRegularFile, FileTooLarge name the file themselves
         raise ConfigError(f"published paper file {path}: {exc.strerror or exc}") from None
-    except (yaml.YAMLError, UnicodeDecodeError, RecursionError) as exc:
-        what = "nested too deeply" if isinstance(exc, RecursionError) else " ".join(str(exc).split())[:200]
-        raise ConfigError(f"published paper file {path}: not valid YAML ({what}); allowed: a published paper file "
-                          "(config/papers/published/README.md)") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"published paper file {path}: not UTF-8 text (offset {exc.start}); allowed: a published paper "
+                          "file (config/papers/published/README.md)") from None
+    # read as strictly as a config (issue 57): a duplicate key (the last value would silently win), a tag,
+    # a non-string key, NaN or a date is refused in one line naming the key
+    try:
+        doc = parse_config_text(text, str(path), source=f"published paper file {path}")
+    except ConfigError as exc:
+        raise ConfigError(f"published paper file {path}: {exc}" if str(path) not in str(exc) else str(exc)) from None
     where = str(path)
     if not isinstance(doc, dict) or not isinstance(doc.get("paper"), dict) or not isinstance(doc.get("tables"), dict):
         raise ConfigError(f"{where}: not a published paper file (needs 'paper' and 'tables'; see config/papers/published/README.md)")

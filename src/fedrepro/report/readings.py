@@ -532,7 +532,7 @@ def side(ledger: Ledger, label: str, best: str | None) -> Side:
     check = regime(ledger)
     if v and check is not None and check.verdict_block:  # out of the paper's regime: nothing is judged
         judged = check.verdict_block + (f"; {NOT_CONVERGED}" if judged == NOT_CONVERGED else "")
-    elif v and check is not None and check.weak and judged.startswith((HOLDS, CONTRADICTED, NOT_SHOWN)):
+    elif v and check is not None and judged.startswith((HOLDS, CONTRADICTED, NOT_SHOWN)):  # weak, or rows missing
         judged += check.strength()
     step = float((ledger.measured or {}).get("resolution") or 0.0) * ledger.metric.scale  # one scored sample
     e = (evidence(v, values(ledger, best), ledger.metric.better, step, holm_alpha(vs_best.p, p_holm))

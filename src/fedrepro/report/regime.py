@@ -38,6 +38,7 @@ SAMPLED_ORDERINGS = 20_000
 ANCHORS = ("local", "fedavg")  # the baselines whose place is checked on its own
 REGIME_DIFFERS = "not judged: regime differs"
 REGIME_UNCHECKED = "not judged: regime unchecked"
+NO_OURS, NO_PAPER = "no stand-in value", "no paper value"  # why a baseline row leaves the check
 
 
 @dataclass(frozen=True)
@@ -68,16 +69,38 @@ class Regime:
         """Agrees, but an ordering this good arises by chance more often than WEAK_P."""
         return bool(self.agrees) and not (self.perm_p <= WEAK_P)
 
+    @property
+    def missing(self) -> tuple[tuple[str, str], ...]:
+        """The dropped baselines that lack a value on one side (not those left out unconverged)."""
+        return tuple((name, why) for name, why in self.dropped if why in (NO_OURS, NO_PAPER))
+
+    @property
+    def switched(self) -> bool:
+        """Did the missing values take the check below MIN_BASELINES, so that the stricter
+        few-baseline rule (the paper's order exactly) replaced the correlation rule?"""
+        n = len(self.baselines)
+        return n >= 2 and n < MIN_BASELINES <= n + len(self.missing)
+
     def strength(self) -> str:
-        """'' or ', on a weak regime check (p = 0.12)': what a verdict line adds."""
-        return f", on a weak regime check (p = {self.perm_p:.2g})" if self.weak else ""
+        """What a verdict line adds (issue 57: never a silent verdict): '' for a full check; ', on a
+        weak regime check (p = 0.12)' where it is weak; the baselines it ran without, and a switch of
+        rule they caused, where values are missing."""
+        parts = [f"p = {self.perm_p:.2g}"] if self.weak else []
+        if self.missing:
+            parts.append("without " + ", ".join(f"{name} ({why})" for name, why in self.missing)
+                         + (f", so the {len(self.baselines)}-baseline rule" if self.switched else ""))
+        if not parts:
+            return ""
+        return f", on a {'weak ' if self.weak else ''}regime check ({'; '.join(parts)})"
 
     @property
     def verdict_block(self) -> str | None:
         """What replaces a verdict: None where the regime agrees."""
         if self.agrees:
             return None
-        return REGIME_UNCHECKED if self.agrees is None else REGIME_DIFFERS
+        block = REGIME_UNCHECKED if self.agrees is None else REGIME_DIFFERS
+        # the rows that left it say why it could not be checked (a row nulled in the published file)
+        return block + (" (without " + ", ".join(f"{n}: {w}" for n, w in self.missing) + ")" if self.missing else "")
 
     def order(self, side: str) -> str:
         """The baselines' names, best first, by our means or by the paper's values; ties joined by '='."""
@@ -104,6 +127,9 @@ class Regime:
         places = "; ".join(f"{_anchor_name(self, a)} {_place(o)} (paper {_place(p)})" for a, (o, p) in self.places.items())
         outcome = ("agrees" + (f", weak (p = {_p(self.perm_p)} > {WEAK_P})" if self.weak else "")) if self.agrees \
             else f"differs: {self.reason}"
+        if self.switched:
+            outcome += (f" (the rows left out took it from {n + len(self.missing)} baselines to {n}: below "
+                        f"{MIN_BASELINES} the order must be the paper's)")
         return f"{corr} ({orders}{'; places: ' + places if places else ''}{self.dropped_text()}): {outcome}"
 
 
@@ -168,7 +194,7 @@ def check(baselines: list[Baseline], better: str, decimals: int | None = None,
     dropped = []
     for b in baselines:
         if not math.isfinite(b.ours) or not math.isfinite(b.paper):
-            dropped.append((b.name, "no stand-in value" if not math.isfinite(b.ours) else "no paper value"))
+            dropped.append((b.name, NO_OURS if not math.isfinite(b.ours) else NO_PAPER))
         elif b.id in moving:
             dropped.append((b.name, "not converged"))
     bs = tuple(b for b in baselines if math.isfinite(b.ours) and math.isfinite(b.paper) and b.id not in moving)
