@@ -479,14 +479,16 @@ def regime(ledger: Ledger) -> Regime | None:
     if not ledger.measured or not ledger.keys:
         return None
     table = ledger.paper.tables[ledger.headline.table]
-    base = []
+    base, moving = [], set()
     for name in dict.fromkeys(ledger.headline.baselines):
         key, mean = ledger.keys.get(name), seed_stats(values(ledger, name).values()).mean
         cell = table.cells.get(key) if key else None
         if name != ledger.headline.proposed and key:  # one without a value on either side is named as dropped
             paper = cell.value if cell is not None and cell.value is not None else math.nan
             base.append(Baseline(key[0], ledger.paper.name("method", key[0]), mean, paper))
-    return regime_check(base, ledger.metric.better, ledger.metric.decimals)
+            if still_moving(ledger, name):  # left out and named, as a paper table's check does (issue 56)
+                moving.add(key[0])
+    return regime_check(base, ledger.metric.better, ledger.metric.decimals, moving=moving)
 
 
 def verdict(test: PairedTest | None, better: str, p_holm: float | None = None) -> str:
