@@ -264,8 +264,9 @@ def fill(path: Path) -> Path:
 
 @pytest.mark.slow
 def test_full_disk_fails_the_training_job_cleanly_and_a_rerun_completes(prepared, tmp_path):
-    """results/<experiment>/runs on a full file system: the train job fails with ENOSPC and
-    leaves nothing behind; once space is freed, the rerun resumes and completes."""
+    """results/<experiment>/runs on a full file system: the train job fails with ENOSPC before any
+    work (issue 57: one line naming the folder and its free space, not an empty log or a run whose
+    outputs cannot be written) and leaves nothing behind; once space is freed, the rerun completes."""
     config = tiny_config("fulldisk")
     cfg = write_config(tmp_path, config)
     use_prepared(prepared, tmp_path)
@@ -277,13 +278,14 @@ def test_full_disk_fails_the_training_job_cleanly_and_a_rerun_completes(prepared
         assert "Error in rule train" in proc.stdout + proc.stderr
         log = train_log(tmp_path, config).read_text()
         assert "No space left on device" in log
+        assert "cannot write" in log and "free; allowed: at least" in log and "Traceback" not in log
         assert files_under(runs) == ["filler"], "the failed job left files behind"
-        assert checkpoint(tmp_path, config).exists()  # on another file system, kept for the rerun
+        assert not checkpoint(tmp_path, config).exists()  # refused before training: no round was spent
 
         filler.unlink()
         snakemake(tmp_path, "--configfile", cfg, *LOCAL_ARGS)
         metrics = json.loads((run_dir(tmp_path, config) / "metrics.json").read_text())
-        assert metrics["status"] == "ok" and metrics["resources"]["resumed_from_round"] >= 1
+        assert metrics["status"] == "ok" and metrics["resources"]["resumed_from_round"] == 0
         assert files_under(runs) == [f"digits/dir/fedavg/seed0/{f}" for f in ("final_model.pt", "metrics.json", "provenance.json")]
 
 

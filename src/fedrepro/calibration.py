@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from .bounded_run import ProgramFailed, run_bounded
-from .io import canonical_json, read_json, write_json_atomic
+from .io import canonical_json, load_json, read_json, write_json_atomic
 from .kernels import cpu_name  # noqa: F401  (calibrations are keyed by it; callers import it from here)
 from .registry import ConfigError, show
 
@@ -59,6 +59,37 @@ BUSY_LOAD_PER_CORE = 0.5
 BORROW_ABOVE_S = 1.0
 #: Timed repetitions at most per quantity (the lower median is kept) and at least.
 MAX_REPEATS, MIN_REPEATS = 100, 2
+#: The probe jobs' time limit (seconds: `measure_startup`, `measure_client_round`); it also bounds what
+#: a file may say they measured (a start-up cannot take longer than the job that measured it).
+PROBE_TIMEOUT_S = 600
+
+# -- what a calibration file may hold (read_calibration) -----------------------------------------------
+# A file outside these bounds was not written by `fedrepro calibrate` (damaged, forged or hand-edited):
+# its numbers would turn every estimate into nonsense or an overflow (1e308 s a step overflowed the
+# SLURM time limit, which stopped every workflow before any job), so it is refused whole.
+
+#: Seconds per training step, head step or forwarded sample, at least: a nanosecond. A forward of
+#: FORWARD_BATCH samples costs at least a kernel launch (microseconds) on any device, so nothing
+#: measured falls below it (the smallest in docs/calibrations/: 3.5e-7 s a forwarded sample on the 2-core
+#: CPU); a 0 would make every job free.
+MIN_TIMING_S = 1e-9
+#: ... and at most an hour: the slowest step measured here, ViT-B/16 at batch 2 on the loaded 2-core
+#: CPU (about 7 s), scaled to batch 256 is 15 minutes; at an hour a step no cell trains at all.
+MAX_TIMING_S = 3600.0
+#: A job's start-up (`startup_s`), at least: a fresh interpreter that imports torch takes seconds
+#: (4-6 s here); no job starts in a tenth. At most PROBE_TIMEOUT_S (the probe job's own limit).
+MIN_STARTUP_S = 0.1
+#: Threads a calibration (its `threads`, `calibrate --threads`) may be taken at: the hardware threads
+#: of the largest node on sale (two 128-core CPUs with SMT: 512). A torch pool larger than the cores
+#: only waits on itself: `calibrate --threads 100000` made no progress in 90 s.
+MAX_THREADS = 512
+#: Characters of a text field (`device`, `torch`, `updated`, ...): a device name is under 100
+#: ("cuda: NVIDIA H100 80GB HBM3"); the estimate's line prints it, so it must stay one short line.
+MAX_TEXT_CHARS = 200
+#: Characters of a `models` key (a ModelSpec's canonical JSON: the shipped configs' longest is about
+#: 400) and its JSON nesting (model, params, a list in them: 4 levels). The key is parsed again to
+#: lend timings across classes (`borrowable`): a string of 100,000 brackets ended in a RecursionError.
+MAX_KEY_CHARS, MAX_KEY_DEPTH = 4096, 16
 
 
 @dataclass(frozen=True)
@@ -127,41 +158,93 @@ def calibration_path(device: str, threads: int, torch: str, root: str | os.PathL
     return Path(root) / f"{slug}-t{threads}-torch{re.sub(r'[^A-Za-z0-9.]+', '-', torch)}.json"
 
 
-def _number(path: Path, where: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-        raise ConfigError(f"calibration file {path}: key '{where}' has value {show(value)}; allowed: a finite number >= 0 "
-                          "(run `fedrepro calibrate CONFIG --force` to measure again)")
+#: How to mend a file that is refused: it is a cache, measured again in seconds.
+_REMEDY = "delete it and run `fedrepro calibrate CONFIG`"
+
+
+def _refuse(path: Path, where: str, value: Any, allowed: str) -> ConfigError:
+    """The one-line refusal of a calibration file: the file, the key, its value and what is allowed."""
+    return ConfigError(f"calibration file {path}: key '{where}' has value {show(value)}; allowed: {allowed} ({_REMEDY})")
+
+
+def _seconds(path: Path, where: str, value: Any, low: float, high: float) -> float:
+    """`value` as seconds, refused unless a finite number from `low` to `high`."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or not low <= value <= high:
+        raise _refuse(path, where, value, f"a number of seconds from {low:g} to {high:g}")
     return float(value)
 
 
+def _text(path: Path, where: str, value: Any) -> str:
+    """`value`, refused unless a printable string of at most MAX_TEXT_CHARS (the estimate prints it on one line)."""
+    if not isinstance(value, str) or len(value) > MAX_TEXT_CHARS or not value.isprintable():
+        raise _refuse(path, where, value, f"a printable string of at most {MAX_TEXT_CHARS} characters")
+    return value
+
+
+def _key_name(key: str) -> str:
+    """A models key as a refusal names it: its start, escaped to one line."""
+    return ascii(key[:60])[1:-1] + ("..." if len(key) > 60 else "")
+
+
+def _check_spec_key(path: Path, key: str) -> None:
+    """A models key must be what ModelSpec.key writes: a short JSON object of a spec's fields, shallow."""
+    fields = {"model", "input_shape", "num_classes", "batch_size", "channels_last"}
+    try:
+        spec = load_json(key, MAX_KEY_DEPTH) if len(key) <= MAX_KEY_CHARS else None
+    except ValueError:
+        spec = None
+    if not isinstance(spec, dict) or not fields <= spec.keys():
+        raise ConfigError(f"calibration file {path}: key 'models' holds the key {show(key)}; allowed: a model spec as "
+                          f"`fedrepro calibrate` writes it (a JSON object with {', '.join(sorted(fields))}; at most "
+                          f"{MAX_KEY_CHARS} characters, nested at most {MAX_KEY_DEPTH} deep) ({_REMEDY})")
+
+
+def _check_entry(path: Path, key: str, entry: Any) -> None:
+    """One model's timings: each a number of seconds within MIN_TIMING_S .. MAX_TIMING_S."""
+    _check_spec_key(path, key)
+    if not isinstance(entry, dict):
+        raise ConfigError(f"calibration file {path}: key 'models.{_key_name(key)}' is no mapping; allowed: the entries "
+                          f"`fedrepro calibrate` writes ({_REMEDY})")
+    for field in ("train_step_s", "forward_sample_s", "head_step_s"):
+        _seconds(path, f"models.{_key_name(key)}.{field}", entry.get(field), MIN_TIMING_S, MAX_TIMING_S)
+
+
+def _check_header(path: Path, data: dict) -> None:
+    """The file's own keys: its format, device, threads, torch, dates and the per-job timings."""
+    if data.get("format") != FORMAT:
+        raise _refuse(path, "format", data.get("format"), repr(FORMAT))
+    for key in ("device", "torch"):
+        _text(path, key, data.get(key))
+    threads = data.get("threads")
+    if isinstance(threads, bool) or not isinstance(threads, int) or not 1 <= threads <= MAX_THREADS:
+        raise _refuse(path, "threads", threads, f"an integer from 1 to {MAX_THREADS}")
+    if not isinstance(data.get("models"), dict):
+        raise _refuse(path, "models", data.get("models"), "a mapping of model spec -> timings")
+    for key in ("updated", "fedrepro", "kernels"):  # optional: the date an estimate says, and the writer's version
+        if data.get(key) is not None:
+            _text(path, key, data[key])
+    # optional: a file written before the client-round probe lacks it (read as 0; the probe floors it at 0)
+    if data.get("startup_s") is not None:
+        _seconds(path, "startup_s", data["startup_s"], MIN_STARTUP_S, PROBE_TIMEOUT_S)
+    if data.get("client_round_s") is not None:
+        _seconds(path, "client_round_s", data["client_round_s"], 0.0, MAX_CLIENT_ROUND_S)
+
+
 def read_calibration(path: str | os.PathLike) -> dict[str, Any]:
-    """A calibration file, checked (ConfigError naming the file and the key where it is not one)."""
+    """A calibration file, checked against its schema and bounds (at most MAX_FILE_BYTES, JSON nested at
+    most io.MAX_JSON_DEPTH deep, every timing within its bounds above): ConfigError naming the file, the
+    key, its value and what is allowed, where it is not one."""
     path = Path(path)
     try:
         data = read_json(path, MAX_FILE_BYTES)
     except (OSError, json.JSONDecodeError) as exc:
         raise ConfigError(f"calibration file {path} cannot be read ({exc}); allowed: a file `fedrepro calibrate` "
-                          "wrote (delete it and calibrate again)") from None
-    if not isinstance(data, dict) or data.get("format") != FORMAT:
-        raise ConfigError(f"calibration file {path}: key 'format' has value {show(data.get('format') if isinstance(data, dict) else data)}; "
-                          f"allowed: {FORMAT!r} (delete it and run `fedrepro calibrate CONFIG`)")
-    for key, kind in (("device", str), ("threads", int), ("torch", str), ("models", dict)):
-        if not isinstance(data.get(key), kind) or isinstance(data.get(key), bool):
-            raise ConfigError(f"calibration file {path}: key '{key}' has value {show(data.get(key))}; allowed: a "
-                              f"{kind.__name__} (delete it and run `fedrepro calibrate CONFIG`)")
-    for key in ("updated", "fedrepro", "kernels"):  # optional: the date an estimate says, and the writer's version
-        if data.get(key) is not None and not isinstance(data[key], str):
-            raise ConfigError(f"calibration file {path}: key '{key}' has value {show(data[key])}; allowed: a str "
-                              "(delete it and run `fedrepro calibrate CONFIG`)")
-    for key in ("startup_s", "client_round_s"):  # optional: a file written before the client-round probe lacks it
-        if data.get(key) is not None:
-            _number(path, key, data[key])
+                          f"wrote, at most {MAX_FILE_BYTES:,} bytes ({_REMEDY})") from None
+    if not isinstance(data, dict):
+        raise _refuse(path, "format", data, repr(FORMAT))
+    _check_header(path, data)
     for key, entry in data["models"].items():
-        if not isinstance(entry, dict):
-            raise ConfigError(f"calibration file {path}: key 'models.{key[:60]}' is no mapping; allowed: the entries "
-                              "`fedrepro calibrate` writes")
-        for field in ("train_step_s", "forward_sample_s", "head_step_s"):
-            _number(path, f"models.{key[:60]}.{field}", entry.get(field))
+        _check_entry(path, key, entry)
     return data
 
 
@@ -194,12 +277,15 @@ def _now() -> str:
 
 def save_entry(path: Path, header: dict[str, Any], key: str | None, entry: dict[str, Any] | None) -> dict[str, Any]:
     """Add one model's entry (or, with key None, only the header: startup) to the cache file `path`,
-    written atomically; the file as written."""
+    written atomically; the file as written. What read_calibration would refuse is refused before it is
+    written (a step slower than MAX_TIMING_S), so that no run leaves a cache that stops the next one."""
     data = read_calibration(path) if path.exists() else {"format": FORMAT, "models": {}}
     data.update(header)
-    if key is not None:
-        data["models"][key] = entry
     data["updated"] = _now()
+    _check_header(path, data)
+    if key is not None:
+        _check_entry(path, key, entry)
+        data["models"][key] = entry
     path.parent.mkdir(parents=True, exist_ok=True)
     write_json_atomic(path, data)
     return data
@@ -350,7 +436,7 @@ def borrowable(spec: ModelSpec, entries: dict[str, dict]) -> ModelSpec | None:
     whose training step takes over BORROW_ABOVE_S: its timings stand for `spec`'s (see BORROW_ABOVE_S)."""
     for key, entry in entries.items():
         try:
-            other = json.loads(key)
+            other = load_json(key, MAX_KEY_DEPTH)
         except ValueError:
             continue
         if (isinstance(other, dict) and entry.get("train_step_s", 0) > BORROW_ABOVE_S and "borrowed_from" not in entry
@@ -383,6 +469,8 @@ def measure_startup(device, threads: int) -> float:
 #: digits (about 140 training samples each), one step of a linear model a client and round (batch 256),
 #: scored once at the end.
 CLIENT_ROUND_ROUNDS, CLIENT_ROUND_CLIENTS = 40, 10
+#: The most `client_round_s` a file may say: the whole probe job within its limit, over its client rounds.
+MAX_CLIENT_ROUND_S = PROBE_TIMEOUT_S / (CLIENT_ROUND_ROUNDS * CLIENT_ROUND_CLIENTS)
 CLIENT_ROUND_CONFIG = {
     **STARTUP_CONFIG,
     "experiment": "client-round",
@@ -414,7 +502,7 @@ def _probe_job(config: dict[str, Any], device, threads: int,
                    "--out-dir", str(Path(tmp) / "out"), "--device", str(device), "--threads", str(threads)]
         t = time.perf_counter()
         try:  # its output is discarded past the bound: only the time counts
-            run_bounded(command, timeout=600, program=f"fedrepro train (the {name} probe)")
+            run_bounded(command, timeout=PROBE_TIMEOUT_S, program=f"fedrepro train (the {name} probe)")
         except ProgramFailed as exc:
             raise ConfigError(f"calibrate: {exc}") from None
         wall = time.perf_counter() - t
@@ -466,6 +554,9 @@ def calibrate(specs: list[ModelSpec], device, threads: int, deterministic: bool 
     if load > BUSY_LOAD_PER_CORE * cores:
         say(f"[fedrepro] warning: the machine is busy (load average {load:.1f} on {cores} cores): the timings will come "
             "out long; calibrate an idle machine")
+    if threads > cores:
+        say(f"[fedrepro] warning: {threads} threads on {cores} usable cores wait for each other: the timings will come "
+            "out long; calibrate at most at the cores' count, on the machine the cells will run on")
     if force or existing is None or existing.get("startup_s") is None:
         startup = measure_startup(device, threads)
         save_entry(path, {**header, "startup_s": round(startup, 3)}, None, None)

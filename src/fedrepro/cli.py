@@ -304,7 +304,7 @@ def cmd_train(args) -> None:
         raise ConfigError("the cell's hyper-parameters are tuned: pass --tuned <the select rule's JSON>")
     if args.tuned:
         from .io import read_json
-        from .tuning import apply_values, winner_for
+        from .tuning import apply_values, tuned_winner
 
         sel = read_json(args.tuned)  # a JSON object: checked while parsing (cli_args.json_file)
         if not {"dataset", "partition", "label", "winner"} <= set(sel):
@@ -313,7 +313,9 @@ def cmd_train(args) -> None:
         if (sel["dataset"], sel["partition"], sel["label"]) != (cell["dataset"], cell["partition"], cell["label"]):
             raise ConfigError(f"--tuned {args.tuned} selects for {sel['dataset']}/{sel['partition']}/{sel['label']}, "
                               f"not this cell's {cell['dataset']}/{cell['partition']}/{cell['label']}")
-        winner = winner_for(sel, cell["seed"], args.tuned)  # per_seed: the winner of the cell's own tuning seed
+        # per_seed: the winner of the cell's own tuning seed; refused unless the record recomputes from its
+        # trials and its values are within the bounds a config's are (an lr of 1e300 overflowed in the optimizer)
+        winner = tuned_winner(sel, args.tuned, cell)
         cell = apply_values(cell, winner["values"]) | {"tuned": {"trial": winner["id"], "values": winner["values"],
                                                                  **({"select": sel["select"]} if "select" in sel else {})}}
     train_cell(cell, args.shards, args.out_dir, args.checkpoint, device=args.device, threads=args.threads, cell_key=resolved_key)
@@ -339,12 +341,16 @@ def cmd_pretrain_backbone(args) -> None:
 def cmd_select(args) -> None:
     from .custody import read_metrics
     from .io import write_json_atomic
-    from .tuning import select_winner
+    from .tuning import select_checked
+    from .verify import check_summaries
 
     spec = args.spec
     check.check_select_spec(spec)
-    runs = [{"trial": r["trial"], "seed": r["seed"], "metrics": read_metrics(r["metrics"])} for r in spec["runs"]]
-    record = select_winner(spec, runs, spec["metric"], spec.get("select", "pooled"))
+    runs = [{"trial": r["trial"], "seed": r["seed"], "metrics": read_metrics(r["metrics"]), "path": r["metrics"]}
+            for r in spec["runs"]]
+    for run in runs:
+        check_summaries(run["metrics"], run["path"])  # each summary is what its per-client scores give, as in aggregate
+    record = select_checked(spec, runs)  # and each trial's metrics are those of the trial cell trained beside them
     record = {k: spec[k] for k in ("dataset", "partition", "label", "method")} | record
     write_json_atomic(args.out, record)
     w = record["winner"]
@@ -376,15 +382,21 @@ def cmd_aggregate(args) -> None:
 
 
 def cmd_verify(args) -> int:
-    from .verify import verify
+    from .verify import check_experiment, verify
 
     if args.seed is not None and args.sample is None:
         raise ConfigError("--seed goes with --sample (it draws the sampled cells)")
+    if args.set and not args.configs:
+        raise ConfigError("--set goes with --config (it overrides the config's keys)")
+    exp = None
+    if args.configs:  # the cells are then the config's, each refused unless it is the one its folder holds
+        _, exp = _experiment(args)
+        check_experiment(Path(args.results), exp, args.configs)
     def train(argv: list[str]) -> None:  # `fedrepro train ...` in this process (cmd_train)
         trained = build_parser().parse_args(argv)
         trained.func(trained)
 
-    return verify(args.results, train, args.cells, args.sample, args.seed or 0)
+    return verify(args.results, train, args.cells, args.sample, args.seed or 0, exp)
 
 
 def cmd_tables(args) -> None:
@@ -573,8 +585,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--allow-large-budgets", action="store_true", help="lift the sanity bounds on rounds, epochs, clients, "
                    "cells and parameter magnitudes (as FEDREPRO_ALLOW_LARGE_BUDGETS=1 does for Snakemake)")
     _add_calibration(p)
-    p.add_argument("--gpus", type=check.positive_int, default=1, metavar="N", help="with a GPU's calibration: the "
-                   "wall time on N GPUs, cells packed as the slurm-packed profile packs them (default 1)")
+    p.add_argument("--gpus", type=check.gpu_count, default=1, metavar="N", help="with a GPU's calibration: the "
+                   f"wall time on N GPUs (1 to {check.MAX_GPUS:,}), cells packed as the slurm-packed profile packs them "
+                   "(default 1)")
     p.set_defaults(func=cmd_validate)
 
     p = sub.add_parser("cells", help="list the training cells of an experiment", description="List the cells "
@@ -600,8 +613,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("configs", nargs="+", metavar="CONFIG")
     _add_set(p)
     p.add_argument("--device", default="auto", type=check.device, help="auto (CUDA when present), cpu, cuda, cuda:1, ...")
-    p.add_argument("--threads", type=check.positive_int, default=None, help="torch CPU threads (default: the local "
-                   "profile's per cell, 2)")
+    p.add_argument("--threads", type=check.thread_count, default=None, help="torch CPU threads (default: the local "
+                   "profile's per cell, 2; more than the cores make the timings long)")
     p.add_argument("--force", action="store_true", help="measure every model again, cached or not")
     p.set_defaults(func=cmd_calibrate)
 
@@ -707,9 +720,16 @@ def build_parser() -> argparse.ArgumentParser:
                        "thread count and device its provenance.json records (as `fedrepro train` does, into a scratch "
                        "folder, on the experiment's shards results/shards/<dataset>/<partition id>) and compare every "
                        "field of metrics.json but times and memory; print each mismatch and one verdict per cell. "
-                       "Exit status 0: every chosen cell exact; 1: some cell differs; 3: none differs, but some could "
-                       "not be recomputed here (a CUDA cell without a GPU, shards missing, ...). docs/security.md.")
+                       "Before any training, each recorded cell is refused unless it is the cell of its folder "
+                       "(experiment, identity, cell hash) and within a config's schema and bounds; with --config, the "
+                       "config's cell is trained, refused unless it hashes to the recorded one. "
+                       "Exit status 0: every chosen cell exact; 1: some cell differs or is refused; 3: none of that, but "
+                       "some could not be recomputed here (a CUDA cell without a GPU, shards missing, more threads than "
+                       "this machine takes, ...). docs/security.md.")
     p.add_argument("results", type=check.input_dir, help="results/<experiment>")
+    p.add_argument("--config", dest="configs", nargs="+", default=[], metavar="CONFIG", type=check.existing_file,
+                   help="the experiment's config file(s) (merged as --configfile merges them): retrain the config's cells")
+    _add_set(p)
     p.add_argument("--cells", nargs="+", metavar="GLOB", help="only the cells matching one of these patterns of "
                    "dataset/partition/label/seed<k> (shell wildcards: 'digits/*/fedavg/*')")
     p.add_argument("--sample", type=check.positive_int, metavar="K", help="K of the chosen cells drawn at random")

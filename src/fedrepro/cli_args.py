@@ -166,6 +166,41 @@ def positive_int(value: str) -> int:
     return n
 
 
+#: GPUs `validate --gpus` lays an estimate out on: more than any cluster lends one user (the largest
+#: machines hold about 40,000); more GPUs than jobs change nothing. A billion was a MemoryError, 1e21 an
+#: OverflowError, both in the layout of the jobs on them.
+MAX_GPUS = 100_000
+
+
+def bounded_int(low: int, high: int, what: str = "an integer"):
+    """An argparse type: a whole number from `low` to `high` in decimal digits (no 1e3, no 10**21 that a
+    later list or thread pool of that size would choke on)."""
+    def check(value: str) -> int:
+        text = value.strip()
+        digits = text[1:] if text[:1] in "+-" else text
+        if not (digits.isascii() and digits.isdigit()) or len(digits) > 20:
+            raise _bad("not an integer", _short(value), f"{what} from {low:,} to {high:,}")
+        n = int(text)
+        if not low <= n <= high:
+            raise _bad("out of range", _short(value), f"{what} from {low:,} to {high:,}")
+        return n
+
+    check.__name__ = f"integer_{low}_to_{high}"
+    return check
+
+
+def gpu_count(value: str) -> int:
+    """`validate --gpus`: 1 to MAX_GPUS."""
+    return bounded_int(1, MAX_GPUS, "a number of GPUs")(value)
+
+
+def thread_count(value: str) -> int:
+    """`calibrate --threads`: 1 to calibration.MAX_THREADS (a calibration file's own bound)."""
+    from .calibration import MAX_THREADS
+
+    return bounded_int(1, MAX_THREADS, "a number of threads")(value)
+
+
 def device(value: str) -> str:
     if not DEVICE_RE.fullmatch(value):
         raise _bad("unknown device", value, "auto, cpu, cuda, cuda:N or mps")

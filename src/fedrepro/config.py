@@ -926,3 +926,84 @@ def _partitioner_names() -> list[str]:
     from .data.partitioners import PARTITIONERS
 
     return PARTITIONERS.names()
+
+
+# -- a resolved cell read back from a file (`fedrepro verify`'s provenance.json: issue 57) ---------------
+
+@functools.cache
+def _part_validator(pointer: str):
+    """A validator of one part of the experiment schema (`pointer`: '$defs/training', 'properties/evaluation')."""
+    root = _parsed_schema()
+    part = root
+    for key in pointer.split("/"):
+        part = part[key]
+    return _VALIDATOR({**part, "$defs": root["$defs"]})
+
+
+def _check_part(block: Any, pointer: str, where: str) -> None:
+    """ConfigError naming `where`.<key> where `block` is not what the schema's `pointer` allows."""
+    errors = sorted(_part_validator(pointer).iter_errors(block),
+                    key=lambda e: (len(e.absolute_path), list(map(str, e.absolute_path))))
+    if not errors:
+        return
+    err = errors[0]
+    at = ".".join([where, *map(str, err.absolute_path)])
+    if err.validator == "additionalProperties":
+        allowed = sorted(err.schema.get("properties", {}))
+        raise ConfigError(f"config key '{at}': unknown key(s) {show(sorted(set(err.instance) - set(allowed)))}; "
+                          f"allowed keys: {', '.join(allowed)}")
+    raise ConfigError(f"config key '{at}' has value {show(err.instance)}; allowed: {_allowed(err)}")
+
+
+def _check_cell_names(cell: dict, where: str) -> None:
+    check_name(f"{where}.experiment", cell.get("experiment"), reserved=True)
+    for key in ("dataset", "partition", "label", "method"):
+        if not isinstance(cell.get(key), str):
+            raise ConfigError(f"config key '{where}.{key}' has value {show(cell.get(key))}; allowed: a name")
+        check_name(f"{where}.{key}", cell[key])
+    seed = cell.get("seed")
+    if not (isinstance(seed, int) and not isinstance(seed, bool) and 0 <= seed < 2**32):
+        raise ConfigError(f"config key '{where}.seed' has value {show(seed)}; allowed: an integer from 0 to 4294967295")
+
+
+def _check_cell_training(training: Any, spec: dict, where: str) -> dict:
+    """A resolved training block resolved again as a config's: the schema, resolve_training's checks, the
+    budgets and number bounds; the cosine schedule's horizon (the one key resolving adds) must be the rounds."""
+    if not isinstance(training, dict):
+        raise ConfigError(f"config key '{where}' has value {show(training)}; allowed: a mapping")
+    schedule = training.get("lr_schedule")
+    horizon = schedule.get("total_rounds") if isinstance(schedule, dict) else None
+    given = training if horizon is None else {**training, "lr_schedule": {k: v for k, v in schedule.items() if k != "total_rounds"}}
+    _check_part(given, "$defs/training", where)
+    clients = spec.get("num_clients", 0) - spec.get("unseen_clients", 0)
+    t = resolve_training(given, where, clients if isinstance(clients, int) and clients > 0 else None, blocks=[])
+    _check_training_budget(where, t)
+    if horizon is not None and horizon != t["rounds"]:
+        raise ConfigError(f"config key '{where}.lr_schedule.total_rounds' has value {show(horizon)}; allowed: "
+                          f"{where}.rounds ({t['rounds']}), the horizon of the cosine schedule")
+    return t
+
+
+def check_resolved_cell(cell: dict, spec: dict, where: str = "cell") -> None:
+    """ConfigError (naming '<where>.<key>') unless `cell`, a resolved cell read back from a file, is within
+    the schema and bounds a config's cell is held to: its names and seed, its training block (schema,
+    consistency, BUDGETS, number bounds), its evaluation rule, its method's hyper-parameters and own checks,
+    and its model's parameters against the samples of its partition `spec` (resolved, as a manifest keeps it)."""
+    _check_cell_names(cell, where)
+    if cell["method"] not in METHODS:
+        raise ConfigError(f"config key '{where}.method' has value {show(cell['method'])}; allowed: {', '.join(METHODS.names())}")
+    if spec.get("dataset") != cell["dataset"]:
+        raise ConfigError(f"config key '{where}.dataset' has value {show(cell['dataset'])}; allowed: "
+                          f"{show(spec.get('dataset'))}, the dataset of its partition")
+    t = _check_cell_training(cell.get("training"), spec, f"{where}.training")
+    _check_part(cell.get("evaluation"), "properties/evaluation", f"{where}.evaluation")
+    hparams = cell.get("hparams")
+    hp = resolve_params(f"config key '{where}.hparams' (method '{cell['method']}')", METHODS.entry(cell["method"]).params,
+                        hparams if isinstance(hparams, dict) else {"(not a mapping)": hparams})
+    model = cell.get("model") if isinstance(cell.get("model"), dict) else {"name": cell.get("model")}
+    params = _model_params(f"{where}.model", model)
+    _check_model_input(f"{where}.model", model["name"], cell["dataset"], spec.get("dataset_params") or {}, params,
+                       model.get("params"))
+    method = METHODS.get(cell["method"])
+    method.check_cell(where, hp, {"name": model["name"], "params": params}, spec)
+    method.check_training(f"{where}.hparams", hp, t)

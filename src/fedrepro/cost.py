@@ -22,11 +22,12 @@ step + forwarded samples x seconds per sample of a forward + start-up (fedrepro.
 from __future__ import annotations
 
 import functools
+import heapq
 import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from .calibration import CALIBRATION_DIR, ModelSpec, model_spec
 from .registry import ConfigError, show
@@ -41,6 +42,10 @@ PACKED_RULE = "train"
 #: Above this many (clients x rounds) the sampling schedule is not drawn: the expected participation
 #: stands in (the same mean; drawing 10,000 rounds of 100,000 clients would take minutes).
 EXACT_SCHEDULE_LIMIT = 2_000_000
+#: The (clients x rounds) one estimate draws in all, over the experiment's sampling schedules; beyond, the
+#: expected participation stands in for the remaining ones: a plan of 1,000 seeds x 9,999 rounds x 200
+#: clients drew for 220 s in `fedrepro status` (issue 57). No shipped config comes near it.
+EXACT_SCHEDULE_BUDGET = 20_000_000
 
 
 @dataclass(frozen=True)
@@ -142,13 +147,32 @@ def participations(n: int, sampled: int, rounds: int, seed: int) -> tuple[float,
     there but hash alike.)"""
     from .engine.sampling import sampling_schedule
 
+    if sampled >= n:  # every client every round: the schedule's counts, without drawing it
+        return (rounds,) * n
     if n * rounds > EXACT_SCHEDULE_LIMIT:
-        return (rounds * sampled / n,) * n
+        return expected_participations(n, sampled, rounds)
     counts = [0] * n
     for chosen in sampling_schedule(n, sampled, rounds, seed):
         for i in chosen:
             counts[i] += 1
     return tuple(counts)
+
+
+def expected_participations(n: int, sampled: int, rounds: int) -> tuple[float, ...]:
+    """The rounds each of `n` clients trains in on average when `sampled` of them train a round."""
+    return (rounds * min(sampled, n) / n,) * n
+
+
+def evaluated_rounds(rounds: int, every: int, personal_every: int | None) -> tuple[int, int]:
+    """(how many rounds are evaluated, at how many of them the personalized models are scored): every
+    `every`-th round and the last; the personalized ones where that round is also a multiple of
+    `personal_every` (or every evaluation), and the last. Counted, not listed: 10,000 rounds of
+    10,000 cells stay instant."""
+    def multiples_and_last(k: int) -> int:
+        return rounds // k + (rounds % k != 0)
+
+    personal = math.lcm(every, personal_every or 1)
+    return multiples_and_last(every), multiples_and_last(personal)
 
 
 def _method_class(cell: dict[str, Any]):
@@ -166,29 +190,28 @@ def _carved(clients: tuple[tuple[int, int, int], ...], cell: dict[str, Any]) -> 
     return [(train - round(train * f), test, round(train * f)) for train, test, _ in clients]
 
 
-def cell_work(cell: dict[str, Any], sizes: Sizes, datasets: dict[str, dict], derived: bool = False) -> Work:
+def cell_work(cell: dict[str, Any], sizes: Sizes, datasets: dict[str, dict], derived: bool = False,
+              schedule: Callable[[int, int, int, int], tuple[float, ...]] = participations) -> Work:
     """The work of one job: `cell` (resolved) on clients of `sizes`; `derived`: a fine-tuning row
-    scored from its base cell's final model (only its last round's scoring)."""
+    scored from its base cell's final model (only its last round's scoring); `schedule`: the rounds each
+    client trains in (participations; an Estimator's keeps to its budget of draws)."""
     t, cls, hp = cell["training"], _method_class(cell), cell["hparams"]
     clients, unseen = _carved(sizes.clients, cell), _carved(sizes.unseen, cell)
     bs, epochs, drop = t["batch_size"], t["local_epochs"], t["drop_last"]
     rounds = t["rounds"]
     steps = [local_steps(train, bs, epochs, drop) for train, _, _ in clients]
-    counts = participations(len(clients), _sampled(len(clients), t["participation"]), rounds, int(cell["seed"]))
+    counts = schedule(len(clients), _sampled(len(clients), t["participation"]), rounds, int(cell["seed"]))
     trained = 0.0 if derived else sum(k * s for k, s in zip(counts, steps))
     passes = cls.cost_passes_for(hp, t)
-    evaluated = [r for r in range(1, rounds + 1) if r % t["eval_every"] == 0 or r == rounds]
-    personal = [r for r in evaluated if r % (t.get("personal_eval_every") or 1) == 0 or r == rounds]
-    if derived:
-        evaluated, personal = [rounds], [rounds]
+    evaluated, personal = (1, 1) if derived else evaluated_rounds(rounds, t["eval_every"], t.get("personal_eval_every"))
     scored = sum(test + val for _, test, val in clients)
-    forward = scored * (len(evaluated) * cls.has_global + len(personal) * cls.has_personal)
+    forward = scored * (evaluated * cls.has_global + personal * cls.has_personal)
     model_steps, head_steps = trained * passes.model, trained * passes.head
     global_tests = t.get("global_test", []) + (cell.get("validation") or {}).get("global_test", [])
     # Each training client's personalized model is made at every personal evaluation, and once more
     # after the last round where the unseen clients' global score (no global model: the personal
     # models' mean) or a global test set needs it.
-    made = len(personal) + bool((unseen and not cls.has_global) or global_tests) if cls.has_personal else 0
+    made = personal + bool((unseen and not cls.has_global) or global_tests) if cls.has_personal else 0
     work = cls.cost_personal_for(hp, t)  # also the unseen clients' personalization, below
     if made:  # no personalized model made during training: nothing to add here
         for train, _, _ in clients:
@@ -232,7 +255,8 @@ class Job:
 class Estimator:
     """The work of an experiment's jobs, each partition's sizes read (or estimated) once."""
 
-    def __init__(self, exp: dict[str, Any], shards_root: str | os.PathLike = SHARDS_ROOT):
+    def __init__(self, exp: dict[str, Any], shards_root: str | os.PathLike = SHARDS_ROOT,
+                 schedule_budget: int | None = None):
         from .engine.finetune import derived_bases
 
         self.exp = exp
@@ -240,6 +264,19 @@ class Estimator:
         self.specs = {(p["dataset"], p["label"]): p for p in exp["partitions"]}
         self.derived = set(derived_bases(exp["cells"]))  # fine-tuning rows scored from their base cell's final model
         self._sizes: dict[tuple[str, str], Sizes | None] = {}
+        self._drawn: set[tuple[int, int, int, int]] = set()  # the schedules drawn exactly (the methods of a seed share one)
+        self._budget = EXACT_SCHEDULE_BUDGET if schedule_budget is None else schedule_budget  # (clients x rounds) still to draw
+
+    def schedule(self, n: int, sampled: int, rounds: int, seed: int) -> tuple[float, ...]:
+        """participations, drawing schedules exactly while the budget lasts, then their expectation."""
+        key = (n, sampled, rounds, seed)
+        drawn = sampled >= n or n * rounds > EXACT_SCHEDULE_LIMIT or key in self._drawn  # nothing (more) to draw
+        if not drawn and n * rounds > self._budget:
+            return expected_participations(n, sampled, rounds)
+        if not drawn:
+            self._budget -= n * rounds
+            self._drawn.add(key)
+        return participations(n, sampled, rounds, seed)
 
     def sizes(self, dataset: str, partition: str) -> Sizes | None:
         key = (dataset, partition)
@@ -251,7 +288,7 @@ class Estimator:
     def work(self, cell: dict[str, Any]) -> Work | None:
         sizes = self.sizes(cell["dataset"], cell["partition"])
         derived = "trial" not in cell and (cell["dataset"], cell["partition"], cell["label"], str(cell["seed"])) in self.derived
-        return None if sizes is None else cell_work(cell, sizes, self.exp["datasets"], derived)
+        return None if sizes is None else cell_work(cell, sizes, self.exp["datasets"], derived, self.schedule)
 
     def jobs(self) -> list[Job]:
         """The experiment's training jobs: its cells (derived rows included) and its tuning trials."""
@@ -296,23 +333,46 @@ def packed_wall_seconds(timed: Iterable[tuple["Job", float]], gpus: int, per_job
 
 def wall_seconds(durations: list[float], at_once: int) -> float:
     """The wall time of jobs of `durations` run `at_once` side by side, each taking the next free slot,
-    longest first (as if independent: a fine-tuning row waits for its base, which this leaves out)."""
-    slots = [0.0] * max(1, at_once)
+    longest first (as if independent: a fine-tuning row waits for its base, which this leaves out).
+    More slots than jobs change nothing: only as many as there are jobs are laid out (`--gpus` is
+    bounded, but a billion slots would still be gigabytes of zeros)."""
+    slots = [0.0] * max(1, min(at_once, len(durations)))  # a heap of the slots' loads: the freest first
     for d in sorted(durations, reverse=True):
-        i = min(range(len(slots)), key=slots.__getitem__)
-        slots[i] += d
+        heapq.heapreplace(slots, slots[0] + d)
     return max(slots) if durations else 0.0
 
 
+#: The longest duration `human` spells out (days): a century. Beyond it an estimate says only that the run
+#: is out of reach, and its digits would be noise: bounded timings x a bounded config can still give 1e17 s.
+HUMAN_MAX_DAYS = 36_500
+
+
 def human(seconds: float) -> str:
-    """'42 s', '7.5 min', '3.2 h', '2.1 days'."""
+    """'42 s', '7.5 min', '3.2 h', '2.1 days'; 'under 1 s' for a fraction of one (never "0 s" for a job
+    that takes time), 'over 36,500 days' beyond HUMAN_MAX_DAYS (infinity too), and 'unknown' for what is
+    no duration (NaN, negative, not a number): every printed duration is finite and short."""
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or math.isnan(seconds) or seconds < 0:
+        return "unknown"
+    if 0 < seconds < 1:  # "{:.0f} s" would say 0 s
+        return "under 1 s"
     if seconds < 90:
         return f"{seconds:.0f} s"
     if seconds < 90 * 60:
         return f"{seconds / 60:.1f} min"
     if seconds < 48 * 3600:
         return f"{seconds / 3600:.1f} h"
-    return f"{seconds / 86400:.1f} days"
+    if seconds <= HUMAN_MAX_DAYS * 86400:
+        return f"{seconds / 86400:.1f} days"
+    return f"over {HUMAN_MAX_DAYS:,} days"
+
+
+def human_hours(seconds: float) -> str:
+    """Hours to 3 significant digits ('12.5'), bounded as `human` bounds its days."""
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or math.isnan(seconds) or seconds < 0:
+        return "unknown"
+    if seconds > HUMAN_MAX_DAYS * 86400:
+        return f"over {HUMAN_MAX_DAYS * 24:,}"
+    return f"{seconds / 3600:.3g}"
 
 
 # -- which calibration --------------------------------------------------------------------------------
@@ -444,7 +504,7 @@ def local_wall_text(est: Estimate, local) -> str:
 
 def gpu_text(est: Estimate, gpus: int) -> str:
     """GPU-hours (every training job holds one GPU for its time) and the wall time on `gpus` GPUs, packed."""
-    return (f"{est.total / 3600:.3g} GPU-hours; wall time on {gpus} GPU{'' if gpus == 1 else 's'} with the slurm-packed "
+    return (f"{human_hours(est.total)} GPU-hours; wall time on {gpus} GPU{'' if gpus == 1 else 's'} with the slurm-packed "
             f"profile ({PACKED_CELLS_PER_JOB} cells a job, in turn): about {human(packed_wall_seconds(est.timed, gpus))}")
 
 
@@ -514,12 +574,21 @@ RUNNING_STATES = ("running", "finishing")
 #: finished with a recorded time: a machine's speed drifts by as much as the estimate's error
 #: (docs/cost.md, "Measured accuracy"), and the finished jobs have measured the speed of today's.
 PACE_MIN_JOBS = 3
+#: The pace applied: the finished jobs' measured over estimated time within these bounds (the estimate's
+#: error is tens of percent, docs/cost.md); beyond, their recorded times are not believed and the
+#: estimates stand as they are (a hand-edited wall_time_s of 1e308 printed 'infx their estimate').
+PACE_BOUNDS = (0.01, 100.0)
+#: The longest time left printed; a longer (or non-finite) one is 'unknown', with why (issue 57: 'about
+#: inf days' from hostile recorded times).
+TIME_LEFT_MAX_S = 100 * 365 * 86400
 
 
 def _elapsed(row: dict) -> float | None:
-    """A status row's recorded seconds (`elapsed_s`), None where it records no usable number."""
-    took = row.get("elapsed_s")
-    return float(took) if isinstance(took, (int, float)) and math.isfinite(took) else None
+    """A status row's recorded seconds (`elapsed_s`), None where it records no usable number: absent,
+    negative, not finite or beyond a year (fedrepro.progress.usable_seconds)."""
+    from .progress import usable_seconds
+
+    return usable_seconds(row.get("elapsed_s"))
 
 
 class TimeLeft:
@@ -542,7 +611,7 @@ class TimeLeft:
         for name, seconds in self.estimates.items():
             row = states.get(name) or {}
             took = _elapsed(row)
-            if row.get("state") == "done" and took is not None and took >= 0:
+            if row.get("state") == "done" and took is not None:
                 measured, expected, jobs = measured + took, expected + max(seconds - self.startup, 0.0), jobs + 1
         return (measured / expected if jobs >= PACE_MIN_JOBS and expected > 0 else 1.0), jobs
 
@@ -579,6 +648,12 @@ class TimeLeft:
             return f"time left: no estimate: {self.why}"
         states = {r["cell"]: r for r in rows}
         pace, done = self.pace(states)
+        paced = done >= PACE_MIN_JOBS
+        low, high = PACE_BOUNDS
+        unpaced = "" if not paced or low <= pace <= high else (
+            f"; the pace of its {done} finished jobs ({pace:.3g}x their estimate) not applied: allowed {low:g}x to {high:g}x")
+        if unpaced:
+            pace, paced = 1.0, False
         left, counts = [], {"pending": 0, "running": 0}
         for name, estimated in self.estimates.items():
             seconds = min(self.startup, estimated) + max(estimated - self.startup, 0.0) * pace
@@ -593,12 +668,16 @@ class TimeLeft:
                 counts["pending"] += 1
         unknown = f"; {self.not_estimated} job(s) of the plan not estimated" if self.not_estimated else ""
         if not left:
-            return f"time left: none estimated (no pending or running job){unknown}"
+            return f"time left: none estimated (no pending or running job){unknown}{unpaced}"
         wall = max(sum(left) / self.at_once, max(left))
+        jobs = f"{counts['running']} running, {counts['pending']} pending job(s)"
+        if not (math.isfinite(wall) and wall <= TIME_LEFT_MAX_S):  # a calibration's or a plan's numbers beyond reason
+            size = f"about {wall:.3g} s" if math.isfinite(wall) else "not a finite number of seconds"
+            return (f"time left: unknown ({jobs}): the estimate is {size}; allowed: at most {human(TIME_LEFT_MAX_S)} "
+                    f"(check the calibration: fedrepro calibrate CONFIG){unknown}{unpaced}")
         side = "one at a time" if self.at_once == 1 else f"{self.at_once} side by side"
-        paced = f", at the run's pace: its {done} finished jobs took {pace:.2f}x their estimate" if done >= PACE_MIN_JOBS else ""
-        return (f"time left: about {human(wall)} ({counts['running']} running, {counts['pending']} pending job(s), "
-                f"{side} with the local profile{paced}){unknown}")
+        pace_text = f", at the run's pace: its {done} finished jobs took {pace:.2f}x their estimate" if paced else ""
+        return (f"time left: about {human(wall)} ({jobs}, {side} with the local profile{pace_text}){unknown}{unpaced}")
 
 
 def _kernel_level(device: str) -> str | None:

@@ -118,9 +118,13 @@ def max_runtime(environ: dict[str, str] | None = None) -> int:
 
 def runtime_minutes(estimate_s: float | None, fallback: int, cap: int, attempt: int = 1) -> int:
     """A job's time limit in minutes: the estimate x RUNTIME_MARGIN + RUNTIME_FLOOR_MIN, times the
-    attempt, at most `cap`; `fallback` (at most `cap`) where there is no estimate."""
+    attempt, at most `cap`; `fallback` (at most `cap`) where there is no estimate. An estimate that is no
+    finite number (calibrations are bounded, so none should be) asks for `cap`: a limit errs long, and
+    math.ceil of infinity would be an OverflowError that stops the whole workflow."""
     if estimate_s is None:
         return min(fallback, cap)
+    if not math.isfinite(estimate_s) or estimate_s / 60 * RUNTIME_MARGIN >= cap:
+        return cap
     return min(cap, math.ceil(estimate_s / 60 * RUNTIME_MARGIN + RUNTIME_FLOOR_MIN) * max(1, attempt))
 
 

@@ -44,10 +44,44 @@ def _now() -> str:
     return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+#: The numbers a status file, plan or metrics.json may show (issue 57: a hand-edited elapsed_s of 1e300
+#: printed 300 digits, one of 1e308 an 'inf' pace): a duration of at most a year (a job's elapsed
+#: time, its time left), a round count of at most ROUNDS_MAX, an accuracy in [0, 1], a loss of at most
+#: LOSS_MAX in magnitude. Any other number, or a non-finite one, shows as UNKNOWN and is never computed with.
+SECONDS_MAX = 366 * 86400
+ROUNDS_MAX = 10_000_000
+LOSS_MAX = 1e9
+UNKNOWN = "unknown"
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def usable_seconds(value: Any) -> float | None:
+    """A recorded duration as a float, None where absent or out of bounds (negative, beyond SECONDS_MAX, not finite)."""
+    return float(value) if _number(value) and math.isfinite(value) and 0 <= value <= SECONDS_MAX else None
+
+
+def _shown(value: Any, usable: Any, text) -> str:
+    """'-' for an absent value, `text(value)` for a usable one, UNKNOWN for any other."""
+    return "-" if value is None else text(value) if usable else UNKNOWN
+
+
+def _count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= ROUNDS_MAX
+
+
+def _fraction(value: Any) -> bool:
+    return _number(value) and math.isfinite(value) and 0 <= value <= 1
+
+
 def clock(seconds: float | None) -> str:
-    """'1:02:03', '4:05' or '-'."""
-    if not isinstance(seconds, (int, float)) or not math.isfinite(seconds):
+    """'1:02:03', '4:05', '-' (absent) or 'unknown' (not a duration of at most SECONDS_MAX)."""
+    if seconds is None or (_number(seconds) and math.isnan(seconds)):  # NaN: what no estimate is recorded as
         return "-"
+    if usable_seconds(seconds) is None:
+        return UNKNOWN
     s = int(round(seconds))
     h, rest = divmod(s, 3600)
     return f"{h}:{rest // 60:02d}:{rest % 60:02d}" if h else f"{rest // 60}:{rest % 60:02d}"
@@ -112,14 +146,26 @@ class CellProgress:
 
 def console_line(s: dict) -> str:
     """'[fedrepro] d/p/label/seed0: round 40/100, global acc 71.20% (round 40), loss 0.4, 1:02 elapsed, ~1:30 left'."""
-    acc = "".join(f", {k} acc {100 * v:.2f}%" for k, v in (s.get("acc") or {}).items())
+    acc = "".join(f", {k} acc {percent(v)}" for k, v in (s.get("acc") or {}).items())
     if acc and s.get("eval_round") != s.get("round"):
-        acc += f" (round {s.get('eval_round')})"
-    loss = f", loss {s['train_loss']:.4f}" if isinstance(s.get("train_loss"), (int, float)) else ""
+        acc += f" (round {round_count(s.get('eval_round'))})"
+    loss = s.get("train_loss")
+    loss = f", loss {loss:.4f}" if _number(loss) and math.isfinite(loss) and abs(loss) <= LOSS_MAX else \
+        f", loss {UNKNOWN}" if _number(loss) else ""
     what = {"running": "round", "finishing": "trained"}.get(s.get("state"), s.get("state"))
     left = f", ~{clock(s.get('eta_s'))} left" if s.get("state") == "running" and s.get("eta_s") is not None else ""
-    return (f"[fedrepro] {cell_name(s.get('cell') or {})}: {what} {s.get('round')}/{s.get('rounds')}{acc}{loss}, "
-            f"{clock(s.get('elapsed_s'))} elapsed{left}")
+    return (f"[fedrepro] {cell_name(s.get('cell') or {})}: {what} {round_count(s.get('round'))}/"
+            f"{round_count(s.get('rounds'))}{acc}{loss}, {clock(s.get('elapsed_s'))} elapsed{left}")
+
+
+def percent(value: Any) -> str:
+    """'71.20%' of an accuracy in [0, 1], '-' absent, 'unknown' any other value."""
+    return _shown(value, _fraction(value), lambda v: f"{100 * v:.2f}%")
+
+
+def round_count(value: Any, absent: str = "-") -> str:
+    """A round number of a status file: '-' (or `absent`) where absent, 'unknown' beyond 0..ROUNDS_MAX."""
+    return absent if value is None else str(value) if _count(value) else UNKNOWN
 
 
 class ConsoleWatcher:
@@ -285,9 +331,8 @@ def render(rows: list[dict], results_dir: str | Path, problems: list[str] | None
     table = [("cell", "state", "round", "global acc", "personal acc", "elapsed", "left")]
     for r in rows:
         acc = r.get("acc") or {}
-        rounds = f"{r['round'] if r['round'] is not None else '-'}/{r['rounds'] if r['rounds'] is not None else '?'}"
-        table.append((r["cell"], r["state"], rounds,
-                      *(f"{100 * acc[k]:.2f}%" if isinstance(acc.get(k), (int, float)) else "-" for k in ("global", "personal")),
+        rounds = f"{round_count(r['round'])}/{round_count(r['rounds'], absent='?')}"
+        table.append((r["cell"], r["state"], rounds, *(percent(acc.get(k)) for k in ("global", "personal")),
                       clock(r.get("elapsed_s")), clock(r.get("eta_s"))))
     widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
     lines = ["  ".join(v.ljust(w) if i < 2 else v.rjust(w) for i, (v, w) in enumerate(zip(row, widths))).rstrip()

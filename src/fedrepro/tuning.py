@@ -21,8 +21,11 @@ from __future__ import annotations
 import copy
 import itertools
 import math
+import re
+import sys
 from functools import lru_cache
 from importlib import resources
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -67,6 +70,8 @@ SELECTIONS = {
     "pooled": "one winner for every final seed: the best mean score over the tuning seeds",
     "per_seed": "each final seed trains with the winner of its own tuning seed (tuning.seeds: every seed)",
 }
+#: The schema id of the record `fedrepro select` writes (select_winner).
+SELECTION_SCHEMA = "fedrepro.tuning/1"
 LR_PARAM = Param(0.01, "learning rate (training.optimizer.lr)", type=float, exclusive_minimum=0)
 
 
@@ -357,7 +362,7 @@ def select_winner(plan: dict, runs: list[dict], metric: dict, select: str = "poo
         raise ConfigError(f"every tuning trial of {show(plan.get('label'))} failed (diverged); nothing to select: "
                           f"allowed: a search space with at least one trial that trains (lower the learning rates)")
     kinds = {metric_kind(metric["model"], r["metrics"]["summary_val"]) for r in runs if r["metrics"].get("status") == "ok"}
-    record = {"schema": "fedrepro.tuning/1", "metric": {**metric, "model_used": sorted(kinds), "split": "val"},
+    record = {"schema": SELECTION_SCHEMA, "metric": {**metric, "model_used": sorted(kinds), "split": "val"},
               "params": sorted(plan["space"]), "space": plan["space"], "trials": trials,
               "winner": {"id": best[0]["id"], "values": best[0]["values"], "score": best[1]}}
     if select == "per_seed":
@@ -375,3 +380,238 @@ def winner_for(selection: dict[str, Any], seed: int, where: str) -> dict[str, An
         raise ConfigError(f"argument --tuned: {where} selects per seed for seeds {show(sorted(winners))}, not this cell's "
                           f"seed {seed}; allowed: a selection whose tuning seeds hold every final seed")
     return winners[f"seed{seed}"]
+
+
+# -- what `fedrepro select` and `fedrepro train --tuned` read, checked (issue 57) ---------------------
+
+_ABSENT = object()  # a key a document lacks
+#: What to do with a trial's files that do not belong where they are.
+_REDO_TRIAL = "delete the trial's folder and rerun the workflow (it retrains that trial)"
+#: The keys of a record that replays one recorded winner without the trials it was picked from (what
+#: `fedrepro verify` writes to retrain a recorded tuned cell): there is nothing to recompute it from.
+REPLAY_KEYS = frozenset({"dataset", "partition", "label", "method", "winner", "select", "winners_by_seed"})
+#: How closely a recorded trial score must equal the mean recomputed from its seeds' scores (the same
+#: float64 mean of the same numbers; the tolerance only absorbs another numpy's summation order).
+SCORE_REL_TOL = 1e-12
+
+
+def _applied(cell: dict, key: str) -> Any:
+    """The value tuned parameter `key` has in a trained cell (lr: training.optimizer.lr), or _ABSENT."""
+    if key == "lr":
+        training = cell.get("training")
+        block = training.get("optimizer") if isinstance(training, dict) else None
+    else:
+        block = cell.get("hparams")
+    return block.get(key, _ABSENT) if isinstance(block, dict) else _ABSENT
+
+
+def _shown(value: Any) -> str:
+    return "absent" if value is _ABSENT else show(value)
+
+
+def _trial_cell(path: Path, doc: dict) -> tuple[Path, dict]:
+    """(provenance.json beside the trial metrics `doc` at `path`, the cell it records), refused unless
+    that cell hashes to the cell_key the metrics' identity records: a metrics.json copied from another
+    trial, or either file edited, no longer pairs with the cell trained there."""
+    from .custody import ResultsError, read_bounded_json
+    from .io import short_hash
+
+    identity = doc.get("identity")
+    if not isinstance(identity, dict):
+        raise ResultsError(f"{path}: field 'identity' is {_shown(doc.get('identity', _ABSENT))}; allowed: the identity "
+                           f"`fedrepro train` records in a "
+                           f"tuning trial's metrics.json; {_REDO_TRIAL}")
+    provenance = path.parent / "provenance.json"
+    prov = read_bounded_json(provenance, what="provenance file")
+    cell = prov.get("cell") if isinstance(prov, dict) else None
+    if not isinstance(cell, dict):
+        raise ResultsError(f"{provenance}: field 'cell' is {show(cell)}; allowed: the trial's resolved cell, as "
+                           f"`fedrepro train` records it; {_REDO_TRIAL}")
+    if short_hash(cell) != identity.get("cell_key"):
+        raise ResultsError(f"{path}: field 'identity.cell_key' is {show(identity.get('cell_key'))}, but the cell of "
+                           f"{provenance} hashes to {short_hash(cell)!r}; allowed: the metrics of the cell trained in "
+                           f"this folder (a metrics.json copied from another trial, or one of the files edited); "
+                           f"{_REDO_TRIAL}")
+    return provenance, cell
+
+
+def check_trial_run(spec: dict, run: dict) -> None:
+    """ResultsError, one line naming the file and the field, unless the trial metrics `run["metrics"]`
+    (read from `run["path"]`) are what `spec` (the select rule's --spec) lists there: the cell trained
+    there (provenance.json, paired by the metrics' cell_key) is this trial's and seed's, of the spec's
+    dataset, partition, label and method, with the trial's values. (Their summaries against their
+    per-client scores: verify.check_summaries, which `fedrepro select` calls; verify imports this module.)"""
+    from .custody import ResultsError
+
+    path = Path(run["path"])
+    provenance, cell = _trial_cell(path, run["metrics"])
+    expected = {**{k: spec[k] for k in ("dataset", "partition", "label", "method")}, "trial": run["trial"],
+                "seed": run["seed"]}
+    for key, want in expected.items():
+        if cell.get(key, _ABSENT) != want:
+            raise ResultsError(f"{provenance}: field 'cell.{key}' is {_shown(cell.get(key, _ABSENT))}; allowed: "
+                               f"{show(want)}, as the select spec lists {path} (trial {run['trial']}, seed {run['seed']}: "
+                               f"a trial's folder copied over another's); {_REDO_TRIAL}")
+    values = next(t["values"] for t in spec["trials"] if t["id"] == run["trial"])
+    for key, want in values.items():
+        got = _applied(cell, key)
+        if got != want:
+            field = "training.optimizer.lr" if key == "lr" else f"hparams.{key}"
+            raise ResultsError(f"{provenance}: field 'cell.{field}' is {_shown(got)}; allowed: {show(want)}, the value of "
+                               f"{key} of trial {run['trial']}; {_REDO_TRIAL}")
+
+
+def select_checked(spec: dict, runs: list[dict]) -> dict[str, Any]:
+    """`fedrepro select`: the selection record of `spec`'s runs ({trial, seed, metrics, path}), refused unless
+    every run passes check_trial_run. (Where every trial failed, select_winner says so first: nothing is
+    selected then, whatever the files hold.)"""
+    record = select_winner(spec, runs, spec["metric"], spec.get("select", "pooled"))
+    for run in runs:
+        check_trial_run(spec, run)
+    return record
+
+
+def _refuse(path: str, field: str, value: Any, allowed: str) -> ConfigError:
+    return ConfigError(f"argument --tuned: {path}: field '{field}' has value {_shown(value)}; allowed: {allowed}")
+
+
+def _check_value(path: str, field: str, key: str, value: Any, method: str) -> None:
+    """ConfigError unless `value` of tuned parameter `key` (field `field` of the selection at `path`) is one a
+    config may give it: a parameter of `method`, or lr, within its bounds (Param.check; lr: LR_PARAM, as
+    tuning.lr's values are held to), so that no record trains what no config could (an lr of 1e300)."""
+    from .methods import METHODS
+
+    declared = METHODS.get(method).hparams
+    param = LR_PARAM if key == "lr" else declared.get(key)
+    if param is None:
+        raise _refuse(path, field, value, f"a value of a parameter of method {method!r} "
+                      f"({', '.join(sorted([*declared, 'lr']))}); {key!r} is none")
+    if value is None and param.default is None:
+        return  # the parameter's "derive it" default (e.g. FedBABU's finetune_lr)
+    param.check(f"argument --tuned: {path}", field, value)
+
+
+def check_tuned_values(values: Any, method: str, path: str, field: str) -> None:
+    """ConfigError unless `values` (field `field` of the selection at `path`) are bounded values of
+    parameters of `method` (_check_value)."""
+    if not isinstance(values, dict):
+        raise _refuse(path, field, values, "a mapping of tuned parameter -> value")
+    for key, value in values.items():
+        _check_value(path, f"{field}.{key}", key, value, method)
+
+
+def _same_score(recorded: Any, recomputed: float | None) -> bool:
+    if recomputed is None:
+        return recorded is None
+    return isinstance(recorded, (int, float)) and not isinstance(recorded, bool) and math.isclose(
+        recorded, recomputed, rel_tol=SCORE_REL_TOL, abs_tol=SCORE_REL_TOL)
+
+
+def _check_record_space(path: str, space: Any, method: str) -> None:
+    """The record's space {param: [values]}: parameters of `method`, non-empty lists of bounded values."""
+    if not isinstance(space, dict) or not space:
+        raise _refuse(path, "space", space, "a non-empty mapping of tuned parameter -> list of values")
+    for key, values in space.items():
+        if not isinstance(values, list) or not values:
+            raise _refuse(path, f"space.{key}", values, "a non-empty list of values")
+        for i, value in enumerate(values):
+            _check_value(path, f"space.{key}[{i}]", key, value, method)
+
+
+_SEED_KEY = re.compile(r"seed\d{1,9}")
+
+
+def _recomputed_score(path: str, where: str, scores: Any) -> float | None:
+    """A trial's score as select_winner computes it from its seeds' scores: their mean, None where one failed."""
+    if not isinstance(scores, dict) or not scores:
+        raise _refuse(path, f"{where}.scores", scores, "a mapping 'seed<k>' -> score (null: a failed run)")
+    for seed, score in scores.items():
+        number = isinstance(score, (int, float)) and not isinstance(score, bool)
+        if not _SEED_KEY.fullmatch(seed) or not (score is None or number):
+            raise _refuse(path, f"{where}.scores.{seed}", score, "a score (a number, or null for a failed run) per "
+                          "tuning seed 'seed<k>'")
+    ok = [s for s in scores.values() if s is not None]
+    return float(np.mean(ok)) if ok and len(ok) == len(scores) else None
+
+
+def _check_record_trials(path: str, trials: Any, space: dict[str, list]) -> list[dict]:
+    """The record's trials: each a point of `space` named by its content address (trial_id), its score
+    the mean of its seeds' scores."""
+    if not isinstance(trials, list) or not trials:
+        raise _refuse(path, "trials", trials, "a non-empty list of {id, values, score, scores}")
+    ids: set[str] = set()
+    for i, t in enumerate(trials):
+        where = f"trials[{i}]"
+        if not isinstance(t, dict) or not isinstance(t.get("values"), dict):
+            raise _refuse(path, where, t, "{id, values, score, scores}, as `fedrepro select` writes a trial")
+        if set(t["values"]) != set(space):
+            raise _refuse(path, f"{where}.values", t["values"], f"a value of each parameter of the space "
+                          f"({', '.join(sorted(space))})")
+        for key, value in t["values"].items():
+            if value not in space[key]:
+                raise _refuse(path, f"{where}.values.{key}", value, f"one of {show(space[key])}, the space's values")
+        if t.get("id", _ABSENT) != trial_id(t["values"]) or t["id"] in ids:
+            raise _refuse(path, f"{where}.id", t.get("id", _ABSENT), f"{trial_id(t['values'])!r}, the content address "
+                          "of its values, which no other trial has")
+        ids.add(t["id"])
+        mean = _recomputed_score(path, where, t.get("scores"))
+        if not _same_score(t.get("score", _ABSENT), mean):
+            raise _refuse(path, f"{where}.score", t.get("score", _ABSENT), f"{show(mean)}, the mean of its seeds' scores")
+    return trials
+
+
+def _same_winner(path: str, field: str, got: Any, want: dict[str, Any]) -> None:
+    same = (isinstance(got, dict) and got.get("id") == want["id"] and got.get("values") == want["values"]
+            and _same_score(got.get("score", _ABSENT), want["score"]))
+    if not same:
+        raise _refuse(path, field, got, f"{show(want)}, the winner recomputed from its trials' scores (the record was "
+                      "edited: delete it and rerun the workflow, whose select rule writes it again)")
+
+
+def check_selection(sel: dict, path: str, method: str) -> None:
+    """ConfigError, one line naming the file, the field, its value and what is allowed, unless the select
+    record `sel` recomputes from its own trials: a record of `method` (schema SELECTION_SCHEMA) whose
+    space holds bounded values of the method's parameters, whose every trial is a point of that space
+    named by its content address with its score the mean of its seeds' scores, and whose winner (per_seed:
+    each seed's) is the best of them. A record of REPLAY_KEYS only (one recorded winner, no trials) has
+    nothing to recompute: it is said so in a warning, and its values are bounded by `tuned_winner`."""
+    if set(sel) <= REPLAY_KEYS:
+        if not isinstance(sel.get("winners_by_seed", {}), dict):
+            raise _refuse(path, "winners_by_seed", sel["winners_by_seed"], "a mapping 'seed<k>' -> {id, values}")
+        print(f"[fedrepro] warning: --tuned {path} names a winner without the trials it was selected from (as `fedrepro "
+              "verify` writes one to retrain a recorded cell): its values are checked against the method's bounds, "
+              "not recomputed from trials", file=sys.stderr)
+        return
+    if sel.get("schema", _ABSENT) != SELECTION_SCHEMA:
+        raise _refuse(path, "schema", sel.get("schema", _ABSENT), f"{SELECTION_SCHEMA!r}, the record `fedrepro select` "
+                      "writes")
+    if sel.get("method", _ABSENT) != method:
+        raise _refuse(path, "method", sel.get("method", _ABSENT), f"{method!r}, the method of the cell it tunes")
+    space = sel.get("space")
+    _check_record_space(path, space, method)
+    trials = _check_record_trials(path, sel.get("trials"), space)
+    best = _best([(t, t["score"]) for t in trials])
+    if best is None:
+        raise _refuse(path, "trials", [t["id"] for t in trials], "at least one trial with a score (every one failed: "
+                      "`fedrepro select` selects nothing then)")
+    _same_winner(path, "winner", sel.get("winner", _ABSENT), {"id": best[0]["id"], "values": best[0]["values"],
+                                                               "score": best[1]})
+    if sel.get("select") == "per_seed":
+        want = seed_winners(trials, sel.get("label"))
+        got = sel.get("winners_by_seed", _ABSENT)
+        if not isinstance(got, dict) or set(got) != set(want):
+            raise _refuse(path, "winners_by_seed", got, f"a winner for each tuning seed of its trials, {sorted(want)}")
+        for seed, winner in want.items():
+            _same_winner(path, f"winners_by_seed.{seed}", got[seed], winner)
+
+
+def tuned_winner(sel: dict, path: str, cell: dict) -> dict[str, Any]:
+    """The winner {id, values} a final `cell` trains with from the select record `sel` (read from `path`),
+    after check_selection; its values bounded as a config's (check_tuned_values): ConfigError otherwise."""
+    check_selection(sel, path, cell["method"])
+    winner = winner_for(sel, cell["seed"], path)
+    field = f"winners_by_seed.seed{cell['seed']}" if sel.get("select") == "per_seed" else "winner"
+    if not isinstance(winner, dict) or not isinstance(winner.get("id"), str):
+        raise _refuse(path, field, winner, "{id: the trial's id, values: {parameter: value}, score}")
+    check_tuned_values(winner.get("values", _ABSENT), cell["method"], path, f"{field}.values")
+    return winner

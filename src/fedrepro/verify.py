@@ -175,7 +175,7 @@ def diff(recorded: Any, recomputed: Any, rel_tol: float = 0.0, path: str = "") -
 @dataclass
 class Verdict:
     cell: str
-    state: str  # "exact", "differs", "cannot"
+    state: str  # "exact", "differs", "cannot", "refused"
     text: str
     lines: list[str] = field(default_factory=list)
 
@@ -228,9 +228,18 @@ def _isolated_training() -> Iterator[None]:
         os.environ.update(saved_env)
 
 
-def _settings(provenance: dict) -> tuple[str, int]:
-    """(device, threads) of the recorded run, or ConfigError saying why this machine cannot redo it."""
+#: The most torch threads verify starts per usable core of this machine. A cell's numbers depend on its
+#: thread count, so the recorded one is taken: more threads than cores compute the same numbers, only
+#: slower, but far more make no progress at all (num_threads: 100000 made none in 90 s, issue 57).
+THREADS_PER_CORE_MAX = 4
+
+
+def _settings(provenance: dict, path: Path) -> tuple[str, int]:
+    """(device, threads) of the recorded run (`path`: its provenance.json), or ConfigError saying why
+    this machine cannot redo it."""
     import torch
+
+    from .local_plan import usable_cores
 
     device = (provenance.get("device") or {}).get("type")
     threads = (provenance.get("torch") or {}).get("num_threads")
@@ -239,15 +248,20 @@ def _settings(provenance: dict) -> tuple[str, int]:
     if not (isinstance(threads, int) and not isinstance(threads, bool) and threads >= 1):
         raise ConfigError("provenance.json records no torch thread count (torch.num_threads), on which a cell's numbers "
                           "depend (written by an older fedrepro)")
+    cores = usable_cores()
+    if threads > THREADS_PER_CORE_MAX * cores:
+        raise ConfigError(f"{path}: field 'torch.num_threads' has value {show(threads)}; allowed: at most "
+                          f"{THREADS_PER_CORE_MAX * cores} ({THREADS_PER_CORE_MAX} per core of the {cores} core(s) usable "
+                          "here): a cell's numbers depend on its thread count, verify it on a machine with more cores")
     if device == "cuda" and not torch.cuda.is_available():
         name = (provenance.get("device") or {}).get("name")
         raise ConfigError(f"recorded on CUDA ({name}), and no CUDA GPU is visible here")
     return device, threads
 
 
-def _shards(results: Path, cell: dict, identity: dict | None) -> Path:
+def _shards(results: Path, cell: dict, identity: dict | None) -> tuple[Path, dict]:
     """The experiment's partition folder of `cell` (the train rule's input: results/shards/<dataset>/<id>
-    beside results/<exp>), checked to be the one the cell was trained on; ConfigError if not."""
+    beside results/<exp>), checked to be the one the cell was trained on, and its manifest; ConfigError if not."""
     from .custody import manifest_hash
     from .data.shards import read_manifest
 
@@ -255,17 +269,100 @@ def _shards(results: Path, cell: dict, identity: dict | None) -> Path:
     if not (shards / "manifest.json").is_file():
         raise ConfigError(f"its shards {shards} are missing (make them with the workflow: snakemake --cores 1 {shards} "
                           "--configfile <the experiment's config>)")
+    manifest = read_manifest(shards)
     recorded = (identity or {}).get("manifest_hash")
-    if recorded is not None and manifest_hash(read_manifest(shards)) != recorded:
+    if recorded is not None and manifest_hash(manifest) != recorded:
         raise ConfigError(f"the shards at {shards} are not those it was trained on (their manifest hash differs from "
                           f"identity.manifest_hash {recorded})")
-    return shards
+    return shards, manifest
 
 
-def _selection(cell: dict, tmp: Path) -> tuple[dict, list[str]]:
-    """A tuned cell (its `tuned` block: the selected trial and values) as `fedrepro train` takes it:
-    the cell as the workflow resolved it (tuned: true) and a select record with that winner."""
-    tuned = cell.get("tuned")
+# -- verify: the recorded cell is this folder's, and within a config's bounds (issue 57) ---------------
+
+class Refused(ResultsError):
+    """A record verify does not retrain: its cell is not the one of the folder it sits in, or asks for
+    more than a config may (the message names the file, the field, the value and what is allowed)."""
+
+
+def _as_field(exc: ConfigError, path: Path) -> Refused:
+    """A config check's refusal ("config key 'cell.training.rounds' ...") as one of the record at `path`."""
+    return Refused(f"{path}: {str(exc).replace('config key ', 'field ', 1)}")
+
+
+def check_belongs(results: Path, run: Path, cell: dict, recorded: dict, provenance: dict) -> None:
+    """Refused unless the cell provenance.json records is the one of its folder
+    results/<experiment>/runs/<dataset>/<partition>/<label>/seed<n> (the names below runs/ are checked
+    by the caller): the experiment is the results folder's, metrics.json and provenance.json carry
+    the same identity, that of the cell, and (untuned) the cell hashes to the identity's cell_key."""
+    from .custody import IDENTITY_FIELDS, identity_mismatch
+    from .io import short_hash
+
+    prov, metrics = run / "provenance.json", run / "metrics.json"
+    experiment = results.resolve().name
+    if cell.get("experiment") != experiment:
+        raise Refused(f"{prov}: field 'cell.experiment' has value {show(cell.get('experiment'))}; allowed: "
+                      f"{experiment!r}, the experiment of the results folder {results} it sits in (a cell folder "
+                      "copied from another experiment's results is verified in that experiment's folder)")
+    own = {k: cell.get(k) for k in IDENTITY_FIELDS[:7]}  # experiment, dataset, partition, partition_id, method, label, seed
+    identities = {metrics: recorded.get("identity"), prov: provenance.get("identity")}
+    for path, identity in identities.items():
+        if not isinstance(identity, dict):
+            raise Refused(f"{path}: field 'identity' has value {show(identity)}; allowed: the identity `fedrepro train` "
+                          f"records ({', '.join(IDENTITY_FIELDS)})")
+        why = identity_mismatch(identity, own)
+        if why:
+            raise Refused(f"{path}: identity {why} (the cell provenance.json records); allowed: the identity of the "
+                          "cell trained in this folder")
+    why = identity_mismatch(identities[prov], identities[metrics])
+    if why:
+        raise Refused(f"{prov}: identity {why} (metrics.json's beside it); allowed: the identity of metrics.json: both "
+                      "files of one training")
+    key = identities[metrics].get("cell_key")
+    if not isinstance(cell.get("tuned"), dict) and short_hash(cell) != key:  # (a tuned cell's key is its cell's before the selection)
+        raise Refused(f"{prov}: field 'cell' hashes to {short_hash(cell)!r}, not to its identity.cell_key {show(key)} "
+                      "(metrics.json's too): the cell was edited after training; allowed: the cell as `fedrepro train` "
+                      "recorded it")
+
+
+def config_cell(exp: dict, folder: str, run: Path, recorded: dict) -> dict:
+    """The cell of the experiment config `exp` (resolved) at `folder` (dataset/partition/label/seed<n>),
+    refused unless it is the one trained there: it hashes to metrics.json's identity.cell_key."""
+    from .io import short_hash
+
+    cells = {f"{c['dataset']}/{c['partition']}/{c['label']}/seed{c['seed']}": c for c in exp["cells"]}
+    cell = cells.get(folder)
+    if cell is None:
+        raise Refused(f"{run}: experiment '{exp['experiment']}' of --config has no cell {folder} ({len(cells)} cell(s)); "
+                      "allowed: a folder of a cell of the config (`fedrepro cells CONFIG`)")
+    key, want = (recorded.get("identity") or {}).get("cell_key"), short_hash(cell)
+    if key != want:
+        raise Refused(f"{run / 'metrics.json'}: field 'identity.cell_key' has value {show(key)}, but the config's cell at "
+                      f"this folder hashes to {want!r} (the cell was trained with other settings than --config gives); "
+                      f"allowed: {want!r}: the config files and --set items of the run")
+    return cell
+
+
+def check_recorded_cell(cell: dict, manifest: dict, path: Path) -> None:
+    """Refused (naming `path`, provenance.json, and the field) unless `cell` is within the schema and the
+    bounds a config's cell is held to (fedrepro.config.check_resolved_cell: names, the training block,
+    the evaluation rule, the method's hyper-parameters and its own checks, the model's parameters against
+    the partition's samples); `manifest`: the partition the cell trains on (its resolved spec)."""
+    from .cli_args import CELL_KEYS
+    from .config import check_resolved_cell
+
+    missing = [k for k in CELL_KEYS if k not in cell]
+    if missing:
+        raise Refused(f"{path}: field 'cell' lacks key(s) {missing}; allowed: a resolved cell with keys {', '.join(CELL_KEYS)}")
+    try:
+        check_resolved_cell(cell, manifest.get("spec") if isinstance(manifest.get("spec"), dict) else {})
+    except ConfigError as exc:
+        raise _as_field(exc, path) from None
+
+
+def _selection(cell: dict, tuned: Any, tmp: Path) -> tuple[dict, list[str]]:
+    """A tuned cell (`tuned`: the `tuned` block provenance.json records, the selected trial and values) as
+    `fedrepro train` takes it: the cell as the workflow resolved it (tuned: true) and a select record
+    with that winner."""
     if not isinstance(tuned, dict):
         return cell, []
     winner = {"id": tuned.get("trial"), "values": tuned.get("values") or {}}
@@ -284,11 +381,31 @@ Train = Callable[[list[str]], None]
 _PARTITION_ID = re.compile(r"[0-9a-f]{1,64}")
 
 
-def _retrain(results: Path, folder: str, recorded: dict, provenance: dict, train: Train) -> tuple[dict, str]:
+def _trained_cell(cell: dict, exp: dict | None, folder: str, run: Path, recorded: dict) -> tuple[dict, dict]:
+    """(the cell to train, with a tuned cell's recorded selection still to apply; the cell as it trains,
+    the selection applied: what the bounds are checked on). With the experiment's config (`exp`), the
+    config's cell at `folder`, refused unless it is the one trained there; else the recorded `cell`."""
+    from .tuning import apply_values
+
+    source = config_cell(exp, folder, run, recorded) if exp is not None else cell
+    tuned = cell.get("tuned")
+    if not isinstance(tuned, dict):
+        return source, source
+    values = tuned.get("values")
+    if not isinstance(values, dict):
+        raise Refused(f"{run / 'provenance.json'}: field 'cell.tuned.values' has value {show(values)}; allowed: the "
+                      "mapping of selected values the select rule records")
+    return source, apply_values({k: v for k, v in source.items() if k != "tuned"}, values) | {"tuned": tuned}
+
+
+def _retrain(results: Path, folder: str, recorded: dict, provenance: dict, train: Train,
+             exp: dict | None = None) -> tuple[dict, str]:
     """The recomputed metrics of the cell `provenance` records (that of runs/<folder>) and the device
-    they were computed on; ConfigError (and the engine's data errors) where it cannot be recomputed
-    here. A fine-tuning row scored from its base's final model (provenance `derived_from`) is
-    trained in full: the scoring writes what that training writes (engine/finetune.py)."""
+    they were computed on; Refused where the record is not this folder's cell or beyond a config's
+    bounds, ConfigError (and the engine's data errors) where it cannot be recomputed here; all of it
+    before any training. `exp`: the experiment's config, resolved, whose cell is then trained. A
+    fine-tuning row scored from its base's final model (provenance `derived_from`) is trained in
+    full: the scoring writes what that training writes (engine/finetune.py)."""
 
     cell = provenance.get("cell")
     if not isinstance(cell, dict):
@@ -301,17 +418,21 @@ def _retrain(results: Path, folder: str, recorded: dict, provenance: dict, train
     if "finetune" in cell:
         raise ConfigError(f"a fine-tuning row, scored from the final model of label {show(cell['finetune'])} by "
                           "`fedrepro finetune`, not trained; verify that label's cell")
-    device, threads = _settings(provenance)
-    shards = _shards(results, cell, recorded.get("identity"))
+    run = results / "runs" / folder
+    check_belongs(results, run, cell, recorded, provenance)
+    device, threads = _settings(provenance, run / "provenance.json")
+    shards, manifest = _shards(results, cell, recorded.get("identity"))
+    source, trained = _trained_cell(cell, exp, folder, run, recorded)
+    check_recorded_cell(trained, manifest, run / "provenance.json")
     with tempfile.TemporaryDirectory(prefix="fedrepro-verify-") as tmp, _isolated_training():
-        cell, tuned = _selection(cell, Path(tmp))
+        cell, tuned = _selection(source, cell.get("tuned"), Path(tmp))
         out = Path(tmp) / "run"
         train(["train", "--cell", json.dumps(cell), "--shards", str(shards), "--out-dir", str(out), "--device", device,
                "--threads", str(threads), *tuned])
         return read_metrics(out / "metrics.json"), device
 
 
-def verify_cell(results: Path, run: Path, train: Train) -> Verdict:
+def verify_cell(results: Path, run: Path, train: Train, exp: dict | None = None) -> Verdict:
     from .data.base import DataMissingError
     from .data.shards import ShardChecksumError
 
@@ -321,7 +442,9 @@ def verify_cell(results: Path, run: Path, train: Train) -> Verdict:
         provenance = read_bounded_json(run / "provenance.json", what="provenance file")
         if not isinstance(provenance, dict):
             raise ResultsError(f"{run / 'provenance.json'}: not a JSON object; allowed: the provenance.json fedrepro writes")
-        recomputed, device = _retrain(results, name, recorded, provenance, train)
+        recomputed, device = _retrain(results, name, recorded, provenance, train, exp)
+    except ResultsError as exc:  # a record edited, damaged or not this folder's (Refused): not a limit of this machine
+        return Verdict(name, "refused", f"refused: {exc}")
     except (ConfigError, DataMissingError, ShardChecksumError, FileNotFoundError) as exc:
         return Verdict(name, "cannot", f"cannot reproduce here: {exc}")
     found = list(diff(recorded, recomputed, CUDA_REL_TOL if device == "cuda" else 0.0))
@@ -349,22 +472,32 @@ def verify_cell(results: Path, run: Path, train: Train) -> Verdict:
     return Verdict(name, "exact", f"exact{note}")
 
 
+def check_experiment(results: Path, exp: dict, configs: list[str]) -> None:
+    """ConfigError (a usage error) unless the config given to verify is that of the results folder."""
+    if exp["experiment"] != results.resolve().name:
+        raise ConfigError(f"argument --config: {' + '.join(configs)} is experiment {exp['experiment']!r}; allowed: the "
+                          f"config of the results folder {results}, experiment {results.resolve().name!r}")
+
+
 def verify(results: str | os.PathLike, train: Train, globs: list[str] | None = None, sample: int | None = None,
-           seed: int = 0) -> int:
+           seed: int = 0, exp: dict | None = None) -> int:
     """Recompute and compare the chosen cells of `results`; print each mismatch and one verdict line
-    per cell, then a total. Returns the exit status: 0 every chosen cell exact, 1 some cell differs,
-    3 none differs but some could not be recomputed here."""
+    per cell, then a total. `exp`: the experiment's config (resolved), whose cells are then trained.
+    Returns the exit status: 0 every chosen cell exact, 1 some cell differs or is refused (its record
+    is not its folder's cell, or beyond a config's bounds), 3 none of that but some could not be
+    recomputed here."""
     results = Path(results)
     runs = choose(results, globs, sample, seed)
     verdicts = []
     for i, run in enumerate(runs, 1):
         print(f"[fedrepro] verify: recomputing {cell_name(results, run)} ({i}/{len(runs)})", file=sys.stderr)
-        v = verify_cell(results, run, train)
+        v = verify_cell(results, run, train, exp)
         for line in v.lines:
             print(line)
         print(f"{v.cell}: {v.text}", flush=True)
         verdicts.append(v)
-    counts = {state: sum(v.state == state for v in verdicts) for state in ("exact", "differs", "cannot")}
+    counts = {state: sum(v.state == state for v in verdicts) for state in ("exact", "differs", "cannot", "refused")}
+    refused = f", {counts['refused']} refused" if counts["refused"] else ""
     print(f"{results}: {counts['exact']} of {len(verdicts)} cell(s) exact, {counts['differs']} differ, "
-          f"{counts['cannot']} cannot be reproduced here")
-    return 1 if counts["differs"] else 3 if counts["cannot"] else 0
+          f"{counts['cannot']} cannot be reproduced here{refused}")
+    return 1 if counts["differs"] or counts["refused"] else 3 if counts["cannot"] else 0

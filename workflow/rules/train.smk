@@ -101,7 +101,18 @@ rule finetune:
 # training processes rewrite each round (fedrepro/progress.py; the status folder is in the jobs'
 # environment: fedrepro.planning.set_job_environment).
 onstart:
+    from fedrepro.diskspace import stop_if_full
     from fedrepro.progress import ConsoleWatcher, write_plan
 
+    stop_if_full(OUT)  # a full disk: one line naming the folder and its free space, before any job (no stack)
     write_plan(OUT, EXP["cells"], EXPERIMENT_CONFIG)
     ConsoleWatcher(f"{OUT}/status").start()
+
+
+# When the run fails: one line where a full disk may explain it (a job on a full disk may leave an empty log).
+onerror:
+    from fedrepro.diskspace import failure_note
+
+    note = failure_note(OUT)
+    if note:
+        print(note, file=sys.stderr)

@@ -12,6 +12,7 @@ import torch
 from .. import kernels
 from ..custody import METRICS_SCHEMA, cell_identity, write_metrics
 from ..data.shards import load_partition_with_official
+from ..diskspace import require_space
 from ..io import clean_stale, write_json_atomic
 from ..provenance import collect
 from ..registry import ConfigError
@@ -68,7 +69,9 @@ def train_cell(cell: dict, shards_dir: str | Path, out_dir: str | Path, checkpoi
     global model also keeps its final model (final_model.FINAL_MODEL), what its fine-tuning rows score.
     `method_class`: the method to train with instead of the cell's registered one (a "+FT" row)."""
     out_dir = Path(out_dir)
-    for folder in {out_dir, *([Path(checkpoint).parent] if checkpoint else [])}:
+    folders = list(dict.fromkeys([out_dir, *([Path(checkpoint).parent] if checkpoint else [])]))
+    require_space(folders)  # a full disk: one line naming the folder, before any work (and not an empty log)
+    for folder in folders:
         clean_stale(folder)  # the temporary files of an earlier job of this cell killed with SIGKILL
     manifest, clients, dev, determinism, official = open_cell(cell, shards_dir, device, threads)
     label = f"{cell['experiment']}/{cell['dataset']}/{cell['partition']}/{cell['label']}/seed{cell['seed']}"

@@ -64,6 +64,7 @@ def pretrain_spec(dataset: str, dataset_params: dict, model: dict, pretrain: dic
 
         check_styles(f"config key '{where}.pretrain'", settings["styles"])
     backbone = {k: model["params"][k] for k in ("backbone", "backbone_args")}
+    check_pretrainable(backbone, settings["batch_size"], f"config key '{where}.params.backbone_args'")
     spec = {"dataset": dataset, "dataset_params": dataset_params, "backbone": backbone, **settings}
     return {"spec": spec, "out": f"{PRETRAINED_DIR}/{dataset}/{short_hash(spec)}.pt"}
 
@@ -85,6 +86,28 @@ def check_spec(spec: Any) -> None:
             and isinstance(backbone.get("backbone_args"), dict)):
         raise ConfigError(f"argument --spec: key 'backbone' has value {show(backbone)}; allowed: "
                           "{backbone: <timm name>, backbone_args: {...}}")
+    try:
+        check_pretrainable(backbone, spec["batch_size"], "key 'backbone.backbone_args'")
+    except ConfigError as exc:
+        raise ConfigError(f"argument --spec: {exc}") from None
+
+
+#: The copies of the backbone's parameters pre-training holds: weights, gradients and AdamW's two moments.
+ADAMW_STATES = 4
+#: The channels the proxy's images have (shifted_domains renders RGB) where backbone_args does not say.
+PROXY_CHANNELS = 3
+
+
+def check_pretrainable(backbone: dict, batch_size: int, where: str) -> None:
+    """ConfigError, one line, where `pretrain_backbone` could not pre-train `backbone` {backbone,
+    backbone_args}: a model that is no ViT with a class token, backbone_args that are no ViT's (a
+    checkpoint_path among them) or that timm refuses (models.prompted_vit.meta_backbone), or more memory
+    than this machine has for AdamW on batches of `batch_size` (check_backbone_memory: a lower bound)."""
+    from .prompted_vit import check_backbone_memory, meta_backbone
+
+    args = {"in_chans": PROXY_CHANNELS, **backbone["backbone_args"]}
+    net = meta_backbone(backbone["backbone"], args)
+    check_backbone_memory(net, where, backbone["backbone_args"], batch_size, ADAMW_STATES, what="pre-training")
 
 
 def pretrain_backbone(spec: dict, root: Path, out: Path, threads: int | None = None) -> dict[str, float]:
@@ -102,7 +125,7 @@ def pretrain_backbone(spec: dict, root: Path, out: Path, threads: int | None = N
     y = torch.from_numpy(np.asarray(y, dtype=np.int64))
     torch.manual_seed(derive_seed(seed, "pretrain-init"))
     args = {"in_chans": x.shape[1], **spec["backbone"]["backbone_args"]}
-    net = build_backbone(spec["backbone"]["backbone"], args, WEIGHTS_NONE)
+    net = build_backbone(spec["backbone"]["backbone"], args, WEIGHTS_NONE, spec["batch_size"], ADAMW_STATES)
     head = torch.nn.Linear(net.embed_dim, num_classes)
     params = list(net.parameters()) + list(head.parameters())
     opt = torch.optim.AdamW(params, lr=spec["lr"], weight_decay=0.05)

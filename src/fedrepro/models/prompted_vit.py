@@ -23,8 +23,10 @@ local checkpoint (a state dict of the backbone, e.g. written by `fedrepro pretra
 
 from __future__ import annotations
 
+import inspect
+import os
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -203,39 +205,145 @@ def load_backbone_weights(backbone: nn.Module, path: str) -> None:
                           f"unexpected {show(unexpected)}; allowed: a state dict of the configured backbone")
 
 
-def build_backbone(name: str, args: dict, weights: str) -> nn.Module:
+#: Keyword arguments of timm's VisionTransformer that build_backbone sets itself (num_classes, global_pool)
+#: or that are no part of the architecture (the engine places the model and computes in float32).
+RESERVED_BACKBONE_ARGS = ("num_classes", "global_pool", "device", "dtype")
+#: ViTs to name where a backbone is refused (timm.list_models('vit_*') starts with 5-billion-parameter ones).
+VIT_EXAMPLES = ["vit_tiny_patch16_224", "vit_small_patch16_224", "vit_base_patch16_224"]
+#: Bytes of one float32 value: the backbone's parameters and activations.
+VALUE_BYTES = 4
+
+
+def machine_memory_bytes() -> int | None:
+    """This machine's physical memory in bytes; None where the system does not say."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def backbone_arg_names() -> list[str]:
+    """What `backbone_args` may hold: the architecture's keyword arguments of timm's VisionTransformer.
+    (timm.create_model takes more, e.g. checkpoint_path, which loads a file: a checkpoint goes in
+    `weights`, which load_backbone_weights reads with weights_only.)"""
+    from timm.models.vision_transformer import VisionTransformer
+
+    names = inspect.signature(VisionTransformer.__init__).parameters
+    return [k for k in names if k != "self" and k not in RESERVED_BACKBONE_ARGS]
+
+
+def _require_vit(name: Any) -> None:
+    """ConfigError unless `name` is a timm model that is a VisionTransformer with a class token (its default
+    architecture built on the meta device: no memory): what `prompted_vit` prompts and pretraining trains."""
     import timm
     from timm.models.vision_transformer import VisionTransformer
 
-    if not timm.is_model(name):
+    if not isinstance(name, str) or not timm.is_model(name):
         raise ConfigError(f"model 'prompted_vit': key 'backbone' has value {show(name)}; allowed: a timm ViT name, e.g. "
-                          f"{timm.list_models('vit_*')[:6]}")
+                          f"{VIT_EXAMPLES}")
+    try:
+        with torch.device("meta"):
+            net = timm.create_model(name, pretrained=False)
+    except (TypeError, ValueError, AssertionError, RuntimeError, KeyError, IndexError):
+        net = None  # (a model timm cannot build at its defaults is no backbone either)
+    if not isinstance(net, VisionTransformer) or getattr(net, "cls_token", None) is None:
+        raise ConfigError(f"model 'prompted_vit': key 'backbone' has value {show(name)}; allowed: a timm VisionTransformer "
+                          f"with a class token, e.g. {VIT_EXAMPLES}")
+
+
+def meta_backbone(name: str, args: dict) -> nn.Module:
+    """The backbone `name` with `args` built on the meta device (no weights, no memory; milliseconds once
+    timm is imported): ConfigError, one line, for what cannot be built, before anything is allocated or
+    read: a model that is no ViT with a class token, a key that is no architecture argument of timm's
+    VisionTransformer, or arguments timm refuses."""
+    import timm
+
+    _require_vit(name)
+    allowed = backbone_arg_names()
+    unknown = sorted(set(args) - set(allowed))
+    if unknown:
+        raise ConfigError(f"model 'prompted_vit': key 'backbone_args' has key(s) {show(unknown)}; allowed: keyword "
+                          f"arguments of timm's VisionTransformer ({', '.join(allowed)}); a checkpoint goes in the "
+                          "model's 'weights'")
     kwargs = {**args, "num_classes": 0, "global_pool": "token"}
     try:
-        net = timm.create_model(name, pretrained=weights == WEIGHTS_TIMM, **kwargs)
+        with torch.device("meta"):
+            net = timm.create_model(name, pretrained=False, **kwargs)
     except TypeError as exc:
         raise ConfigError(f"model 'prompted_vit': key 'backbone_args' has value {show(args)}; allowed: keyword arguments "
                           f"of timm's VisionTransformer ({exc})") from None
-    if not isinstance(net, VisionTransformer) or getattr(net, "cls_token", None) is None:
-        raise ConfigError(f"model 'prompted_vit': key 'backbone' has value {show(name)}; allowed: a timm VisionTransformer "
-                          f"with a class token")
+    except (ValueError, AssertionError, RuntimeError, KeyError, IndexError) as exc:
+        raise ConfigError(f"timm cannot build {name!r} with backbone_args {show(args)} ({exc})") from None
+    if getattr(net, "cls_token", None) is None:  # its CLS output is the feature (PromptedViT.cls)
+        raise ConfigError(f"model 'prompted_vit': key 'backbone_args' has value {show(args)}; allowed: arguments that "
+                          "keep the class token (class_token: true)")
+    return net
+
+
+def _mlp_width(block: nn.Module, dim: int) -> int:
+    fc1 = getattr(getattr(block, "mlp", None), "fc1", None)
+    return fc1.out_features if isinstance(fc1, nn.Linear) else dim
+
+
+def backbone_bytes(net: nn.Module, batch: int = 1, states: int = 1, extra_tokens: int = 0) -> tuple[int, int, int]:
+    """(parameters, bytes of weights, bytes of activations): a lower bound of what training ViT `net` holds.
+    Weights: its parameters and buffers `states` times (1: a frozen backbone; 4: pre-training with AdamW,
+    weights, gradients and two moments). Activations, per sample of a batch of `batch`: what each block
+    keeps for the backward pass, at least its input, q, k, v, the attention output and the MLP's hidden
+    layer before and after its activation, over the patch, prefix and `extra_tokens` (prompts) tokens,
+    float32. Attention scores are left out (a fused kernel never stores them), so it only undercounts."""
+    params = sum(p.numel() for p in net.parameters()) + sum(b.numel() for b in net.buffers())
+    tokens = (getattr(net.patch_embed, "num_patches", None) or 1) + net.num_prefix_tokens + extra_tokens
+    dim = net.embed_dim
+    per_sample = tokens * dim + sum(tokens * (5 * dim + 2 * _mlp_width(block, dim)) for block in net.blocks)
+    return params, params * VALUE_BYTES * states, per_sample * VALUE_BYTES * batch
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2**30:,.1f} GiB"
+
+
+def check_backbone_memory(net: nn.Module, where: str, args: dict, batch: int = 1, states: int = 1,
+                          extra_tokens: int = 0, what: str = "training") -> None:
+    """ConfigError (`where`: the key of `args`, the backbone_args) where the lower bound backbone_bytes of
+    `what` the backbone needs exceeds this machine's memory: refused before a byte is allocated (an
+    embed_dim of 65,536 or an img_size of 100,000 tried to allocate 50 GB and more)."""
+    memory = machine_memory_bytes()
+    params, weights, activations = backbone_bytes(net, batch, states, extra_tokens)
+    if memory is not None and weights + activations > memory:
+        copies = f" x {states} (weights, gradients, optimizer state)" if states > 1 else ""
+        raise ConfigError(f"{where} has value {show(args)}: {what} the backbone needs at least {_gib(weights + activations)} "
+                          f"({params:,} parameters{copies}: {_gib(weights)}; the activations of {batch:,} sample(s): "
+                          f"{_gib(activations)}); allowed: at most this machine's {_gib(memory)} of memory (a smaller "
+                          "img_size, embed_dim or depth)")
+
+
+def build_backbone(name: str, args: dict, weights: str, batch: int = 1, states: int = 1) -> nn.Module:
+    """The backbone (`weights`: timm's, none or a checkpoint), checked first on the meta device (meta_backbone)
+    and against this machine's memory for training it with `batch` samples and `states` (check_backbone_memory)."""
+    import timm
+
+    meta = meta_backbone(name, args)
+    check_backbone_memory(meta, "model 'prompted_vit': key 'backbone_args'", args, batch, states)
+    net = timm.create_model(name, pretrained=weights == WEIGHTS_TIMM, **args, num_classes=0, global_pool="token")
     if weights not in (WEIGHTS_TIMM, WEIGHTS_NONE):
         load_backbone_weights(net, weights)
     return net
 
 
 def _input_check(sample_shape: Sequence[int], params: dict) -> str | None:
-    """Why a prompted_vit with `params` cannot take samples of `sample_shape`: backbone_args that timm
-    refuses, or `resize: false` with sides other than the backbone's img_size. The backbone is built on
-    the meta device (no weights, no memory; milliseconds once timm is imported), before any job."""
+    """Why a prompted_vit with `params` cannot take samples of `sample_shape`: a backbone it cannot build
+    (meta_backbone: no ViT, backbone_args that are no ViT's or that timm refuses), one that needs more
+    memory than this machine has (check_backbone_memory: one sample, its prompts), or `resize: false`
+    with sides other than the backbone's img_size. Decided on the meta device (no weights, no memory;
+    milliseconds once timm is imported), before any job."""
     args = {"in_chans": int(sample_shape[0]), **(params.get("backbone_args") or {})}
     try:
-        with torch.device("meta"):
-            net = build_backbone(params["backbone"], args, WEIGHTS_NONE)
+        net = meta_backbone(params["backbone"], args)
+        check_backbone_memory(net, "model 'prompted_vit': key 'backbone_args'", args,
+                              extra_tokens=params.get("num_prompts") or 0)
     except ConfigError as exc:
         return str(exc)
-    except (TypeError, ValueError, AssertionError, RuntimeError) as exc:
-        return f"timm cannot build {params['backbone']!r} with backbone_args {show(args)} ({exc})"
     side = tuple(net.patch_embed.img_size)
     if not params.get("resize", True) and tuple(sample_shape[1:]) != side:
         return f"resize: false needs samples of the backbone's img_size {side}, not of shape {tuple(sample_shape)}"
